@@ -1,0 +1,3 @@
+//! Trainyard server: tracking store, REST API, live events, dashboard and launcher.
+
+pub mod store;

@@ -1,0 +1,1 @@
+//! Min/max-preserving downsampling. (Being written.)

@@ -1,0 +1,320 @@
+//! The tracking store: one interface, two backends (SQLite embedded default, Postgres for teams).
+//! Both backends pass one shared test suite; a behaviour difference between them is a bug.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+pub use trainer::wire::{MetricPoint, RunStatus};
+
+/// Name of the experiment runs land in when none is given (MLflow has one too).
+pub const DEFAULT_EXPERIMENT: &str = "Default";
+
+/// Most points one `append_points` call (one HTTP request) may carry.
+pub const MAX_POINTS_PER_BATCH: usize = 10_000;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Experiment {
+    /// String id (MLflow-compatible).
+    pub id: String,
+    pub name: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// How a run's process ended (filled by the launcher or a reporting client).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ExitInfo {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Last lines of the log, or a human-readable reason ("lost", "stopped by user").
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LatestMetric {
+    pub step: i64,
+    pub value: f64,
+    /// Unix milliseconds of that point.
+    pub time: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Run {
+    /// 32 lowercase hex characters (MLflow-compatible string id).
+    pub id: String,
+    pub name: String,
+    pub experiment_id: String,
+    #[schema(value_type = String)]
+    pub status: RunStatus,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    /// Resolved config (JSON object) or null until a client sends it.
+    pub config: Option<serde_json::Value>,
+    /// Config flattened to dotted keys (`training.lr` → "0.001"); write-once.
+    pub params: BTreeMap<String, String>,
+    pub tags: BTreeMap<String, String>,
+    pub notes: String,
+    pub exit: Option<ExitInfo>,
+    /// Latest point (highest step) of every metric key.
+    pub latest_metrics: BTreeMap<String, LatestMetric>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct NewRun {
+    /// Experiment id (already resolved by the caller).
+    pub experiment_id: String,
+    /// Generated ("run-<short id>") when absent.
+    pub name: Option<String>,
+    pub config: Option<serde_json::Value>,
+    pub tags: BTreeMap<String, String>,
+    /// `created` for a tracked run, `queued` for one the launcher will start.
+    pub status: Option<RunStatus>,
+}
+
+/// A partial update; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct RunUpdate {
+    pub name: Option<String>,
+    /// Merged into the existing tags (a key with an empty value is kept as empty).
+    pub tags: Option<BTreeMap<String, String>>,
+    pub notes: Option<String>,
+    /// Write-once: setting a config that differs from a stored one is `StoreError::Conflict`.
+    pub config: Option<serde_json::Value>,
+}
+
+/// A status change or other lifecycle event; `seq` orders all events of the store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunEvent {
+    pub seq: i64,
+    pub run_id: String,
+    pub time: i64,
+    #[schema(value_type = Option<String>)]
+    pub from_status: Option<RunStatus>,
+    #[schema(value_type = String)]
+    pub to_status: RunStatus,
+    pub reason: Option<String>,
+}
+
+/// A stored point as read back, with its insertion sequence (for SSE resume).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StoredPoint {
+    pub key: String,
+    pub step: i64,
+    pub value: f64,
+    pub time: i64,
+    /// Monotonic per store; a client that saw `seq = n` has seen every point with a smaller seq
+    /// of that run.
+    pub seq: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SeriesPoint {
+    pub step: i64,
+    pub value: f64,
+    pub time: i64,
+}
+
+/// Result of a series read: all points when `total <= max_points`, else at most `max_points`
+/// points that keep each bucket's min and max.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Series {
+    pub key: String,
+    /// Points of the key in the requested step range (before downsampling).
+    pub total: i64,
+    pub downsampled: bool,
+    pub points: Vec<SeriesPoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MetricKey {
+    pub key: String,
+    pub count: i64,
+    pub last_step: i64,
+    pub last_value: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortDir {
+    Asc,
+    Desc,
+}
+
+/// What a run search sorts by.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SortKey {
+    CreatedAt,
+    Name,
+    Status,
+    /// `params.<key>` (numeric when both sides are numbers).
+    Param(String),
+    /// `metrics.<key>`: the latest value.
+    Metric(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct RunQuery {
+    pub experiment_id: Option<String>,
+    pub status: Option<RunStatus>,
+    /// `key` or `key=value`.
+    pub tag: Option<String>,
+    /// Parsed `q` filter.
+    pub filter: Option<filter::Filter>,
+    pub sort: SortKey,
+    pub dir: SortDir,
+    /// 1..=1000.
+    pub limit: usize,
+    /// Opaque cursor from the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunPage {
+    pub runs: Vec<Run>,
+    /// Pass back as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{entity} `{id}` not found")]
+    NotFound { entity: &'static str, id: String },
+    #[error("{message}")]
+    Conflict {
+        field: Option<&'static str>,
+        message: String,
+    },
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// "sqlite" or "postgres".
+    fn backend(&self) -> &'static str;
+
+    async fn create_experiment(&self, name: &str) -> StoreResult<Experiment>;
+    /// By id, then by name.
+    async fn get_experiment(&self, id_or_name: &str) -> StoreResult<Experiment>;
+    /// Id or name; a name that does not exist is created (concurrency-safe).
+    async fn resolve_experiment(&self, id_or_name: &str) -> StoreResult<Experiment>;
+    async fn list_experiments(&self) -> StoreResult<Vec<Experiment>>;
+
+    async fn create_run(&self, new: NewRun) -> StoreResult<Run>;
+    async fn get_run(&self, id: &str) -> StoreResult<Run>;
+    async fn update_run(&self, id: &str, update: RunUpdate) -> StoreResult<Run>;
+    /// The one place a status changes: updates the run (started_at/ended_at, exit info) and
+    /// records the event, atomically. Returns the event (the caller notifies the live hub).
+    async fn set_status(
+        &self,
+        id: &str,
+        status: RunStatus,
+        reason: Option<&str>,
+        exit: Option<ExitInfo>,
+    ) -> StoreResult<RunEvent>;
+    async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage>;
+
+    /// One transaction; idempotent on (run, key, step) (first value wins). Points must already
+    /// be validated (finite values, step >= 0, non-empty keys). Returns the points newly stored,
+    /// with their seq, in input order.
+    async fn append_points(
+        &self,
+        run_id: &str,
+        points: &[MetricPoint],
+        now_ms: i64,
+    ) -> StoreResult<Vec<StoredPoint>>;
+    async fn metric_keys(&self, run_id: &str) -> StoreResult<Vec<MetricKey>>;
+    /// `max_points >= 2`; inclusive step bounds.
+    async fn read_series(
+        &self,
+        run_id: &str,
+        key: &str,
+        start_step: Option<i64>,
+        end_step: Option<i64>,
+        max_points: usize,
+    ) -> StoreResult<Series>;
+    /// Points of the run with `seq > after_seq` (or `step > after_step`), in seq order, at
+    /// most `limit`; for SSE catch-up.
+    async fn points_since(
+        &self,
+        run_id: &str,
+        after_seq: Option<i64>,
+        after_step: Option<i64>,
+        limit: usize,
+    ) -> StoreResult<Vec<StoredPoint>>;
+    /// Events of the run with `seq > after_seq`, in order.
+    async fn run_events(&self, run_id: &str, after_seq: Option<i64>) -> StoreResult<Vec<RunEvent>>;
+    /// Runs in any of these statuses (the launcher's restart recovery).
+    async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>>;
+}
+
+pub type DynStore = Arc<dyn Store>;
+
+pub mod downsample;
+pub mod filter;
+pub mod postgres;
+pub mod sqlite;
+
+/// Opens the store the URL names (`sqlite:` or `postgres://`) and runs its migrations.
+pub async fn connect(database_url: &str) -> StoreResult<DynStore> {
+    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::PgStore::connect(database_url).await?) as DynStore)
+    } else if database_url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteStore::connect(database_url).await?) as DynStore)
+    } else {
+        Err(StoreError::Invalid {
+            field: "database_url",
+            message: format!(
+                "unsupported database URL `{database_url}`: expected sqlite:PATH or postgres://..."
+            ),
+        })
+    }
+}
+
+/// Flattens a JSON config into dotted keys: `{"training": {"lr": 0.001}}` → `training.lr = 0.001`.
+/// Arrays are kept as their JSON text.
+pub fn flatten_params(config: &serde_json::Value) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, child) in map {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, child, out);
+                }
+            }
+            serde_json::Value::String(s) => {
+                out.insert(prefix.to_string(), s.clone());
+            }
+            serde_json::Value::Null => {
+                out.insert(prefix.to_string(), String::new());
+            }
+            other => {
+                out.insert(prefix.to_string(), other.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", config, &mut out);
+    out
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

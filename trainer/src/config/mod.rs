@@ -1,0 +1,322 @@
+//! Run configuration: `model`, `training`, `data`, `logging` sections, loaded from YAML profiles
+//! (`configs/*.yaml`) plus `--set a.b=VALUE` overrides, validated before any work starts.
+//!
+//! These types are the contract between the trainer, the server (which validates launches with
+//! them) and users' YAML files. Defaults are the `tiny` profile.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub training: TrainingConfig,
+    pub data: DataConfig,
+    pub logging: LoggingConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PositionKind {
+    /// Learned absolute position embeddings (GPT-2).
+    Learned,
+    /// Rotary position embeddings applied to queries and keys.
+    Rope,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NormKind {
+    LayerNorm,
+    RmsNorm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// GELU MLP: d_model → d_ff → d_model.
+    Gelu,
+    /// Gated SiLU MLP (LLaMA): two d_model → d_ff projections, one back.
+    Swiglu,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Embedding rows; must be >= the tokenizer's vocabulary (256 for raw bytes).
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Attention heads per block; must divide d_model.
+    pub n_heads: usize,
+    /// Hidden width of each MLP (and of each MoE expert).
+    pub d_ff: usize,
+    /// Longest context the model supports (size of learned position table; RoPE limit).
+    pub max_seq_len: usize,
+    /// Dropout probability on attention weights, residual branches and embeddings (0 = off).
+    pub dropout: f64,
+    /// Position encoding.
+    pub position: PositionKind,
+    /// RoPE base frequency.
+    pub rope_theta: f64,
+    /// Pre-norm flavour for every block and the final norm.
+    pub norm: NormKind,
+    /// Epsilon inside the norms.
+    pub norm_eps: f64,
+    /// MLP flavour.
+    pub activation: Activation,
+    /// Bias terms in linear layers and LayerNorm.
+    pub bias: bool,
+    /// Share the token embedding with the output projection (GPT-2).
+    pub tie_embeddings: bool,
+    /// Std of the normal init (GPT-2: 0.02); residual projections get std/sqrt(2·n_layers).
+    pub init_std: f64,
+    /// Mixture-of-Experts blocks; absent = dense model.
+    pub moe: Option<MoeConfig>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            vocab_size: 256,
+            d_model: 64,
+            n_layers: 2,
+            n_heads: 4,
+            d_ff: 256,
+            max_seq_len: 64,
+            dropout: 0.0,
+            position: PositionKind::Learned,
+            rope_theta: 10_000.0,
+            norm: NormKind::LayerNorm,
+            norm_eps: 1e-5,
+            activation: Activation::Gelu,
+            bias: true,
+            tie_embeddings: true,
+            init_std: 0.02,
+            moe: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MoeConfig {
+    /// Routed experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts each token is sent to.
+    pub top_k: usize,
+    /// Every n-th block (1 = all) uses MoE instead of the dense MLP; block i is MoE when
+    /// (i + 1) % every_n_layers == 0.
+    pub every_n_layers: usize,
+    /// Expert capacity = capacity_factor · tokens · top_k / num_experts; overflow tokens are
+    /// dropped and pass through the residual. 0 = no limit.
+    pub capacity_factor: f64,
+    /// Weight of the Switch/GShard load-balancing loss E·Σ f_i·P_i.
+    pub aux_loss_weight: f64,
+    /// Weight of the router z-loss (mean squared logsumexp of router logits).
+    pub z_loss_weight: f64,
+    /// Multiplicative uniform noise on router inputs during training (0 = off).
+    pub router_jitter: f64,
+    /// An always-on expert beside the routed ones.
+    pub shared_expert: bool,
+}
+
+impl Default for MoeConfig {
+    fn default() -> Self {
+        MoeConfig {
+            num_experts: 8,
+            top_k: 2,
+            every_n_layers: 1,
+            capacity_factor: 0.0,
+            aux_loss_weight: 0.01,
+            z_loss_weight: 0.001,
+            router_jitter: 0.0,
+            shared_expert: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    AdamW,
+    Sgd,
+    Lion,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrSchedule {
+    Constant,
+    Linear,
+    Cosine,
+    Polynomial,
+    Exponential,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    F32,
+    Bf16,
+    Tf32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingConfig {
+    /// Sequences per optimizer micro-step.
+    pub batch_size: usize,
+    /// Tokens per training sequence; <= model.max_seq_len.
+    pub seq_len: usize,
+    /// Optimizer steps to run.
+    pub max_steps: usize,
+    /// Peak learning rate (reached after warmup).
+    pub learning_rate: f64,
+    /// Floor the schedule decays to.
+    pub min_lr: f64,
+    /// Linear warmup steps from 0 to learning_rate; < max_steps.
+    pub warmup_steps: usize,
+    /// Shape of the decay after warmup.
+    pub lr_schedule: LrSchedule,
+    /// Exponent of the polynomial schedule.
+    pub lr_power: f64,
+    /// Per-step multiplicative factor of the exponential schedule.
+    pub lr_gamma: f64,
+    pub optimizer: OptimizerKind,
+    /// AdamW/Lion beta1 (SGD ignores).
+    pub beta1: f64,
+    /// AdamW/Lion beta2.
+    pub beta2: f64,
+    /// AdamW epsilon.
+    pub eps: f64,
+    /// SGD momentum.
+    pub momentum: f64,
+    /// Decoupled weight decay; never applied to biases, norms or embeddings.
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this value (0 = off).
+    pub grad_clip: f64,
+    /// Micro-batches accumulated per optimizer step.
+    pub grad_accum_steps: usize,
+    /// Seeds init, data order and dropout; runs are deterministic on CPU.
+    pub seed: u64,
+    /// `auto`, `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// CPU threads (0 = all cores).
+    pub threads: usize,
+    /// Matmul precision: f32, bf16 (f32 master weights) or tf32.
+    pub precision: Precision,
+    /// Evaluate every N steps (0 = only at the end).
+    pub eval_steps: usize,
+    /// Validation batches per evaluation.
+    pub eval_iters: usize,
+    /// Stop after this many evaluations without improvement (0 = never).
+    pub early_stopping_patience: usize,
+    /// Checkpoint every N steps (0 = only at the end).
+    pub save_steps: usize,
+    /// Keep at most this many step checkpoints, oldest removed first (0 = keep all).
+    pub save_total_limit: usize,
+    /// Start from this checkpoint's weights (a fresh run, not a resume).
+    pub init_from: Option<String>,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        TrainingConfig {
+            batch_size: 8,
+            seq_len: 64,
+            max_steps: 200,
+            learning_rate: 3e-3,
+            min_lr: 3e-4,
+            warmup_steps: 10,
+            lr_schedule: LrSchedule::Cosine,
+            lr_power: 1.0,
+            lr_gamma: 0.999,
+            optimizer: OptimizerKind::AdamW,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            momentum: 0.9,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            grad_accum_steps: 1,
+            seed: 1337,
+            device: "auto".to_string(),
+            threads: 0,
+            precision: Precision::F32,
+            eval_steps: 50,
+            eval_iters: 10,
+            early_stopping_patience: 0,
+            save_steps: 100,
+            save_total_limit: 3,
+            init_from: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `dummy` (synthetic, learnable), `demo` (bundled real text), or a file, directory, glob
+    /// or `.jsonl` path.
+    pub dataset: String,
+    /// Field holding the text in JSONL records.
+    pub text_column: String,
+    /// `bytes` (raw UTF-8 bytes, vocab 256), `bpe` (train a byte-level BPE of
+    /// model.vocab_size on the training split) or a path to a `tokenizer.json`.
+    pub tokenizer: String,
+    /// Fraction of documents held out for validation (deterministic by content hash).
+    pub val_fraction: f64,
+    /// Drop documents shorter than this many characters.
+    pub min_length: usize,
+    /// Drop exact duplicate documents (by content hash).
+    pub dedup: bool,
+    /// Drop near-duplicate documents (MinHash over word shingles).
+    pub near_dedup: bool,
+    /// Jaccard similarity above which two documents are near-duplicates.
+    pub near_dedup_threshold: f64,
+    /// Where token caches live (memory-mapped; keyed by data + tokenizer hash).
+    pub cache_dir: String,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            dataset: "dummy".to_string(),
+            text_column: "text".to_string(),
+            tokenizer: "bytes".to_string(),
+            val_fraction: 0.1,
+            min_length: 0,
+            dedup: true,
+            near_dedup: false,
+            near_dedup_threshold: 0.8,
+            cache_dir: ".trainyard-cache".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingConfig {
+    /// Print a log line every N steps (metrics are recorded every step regardless).
+    pub log_every: usize,
+    /// Emit MoE telemetry every N steps.
+    pub moe_every: usize,
+    /// Longest time metrics wait before being sent to the server, in milliseconds.
+    pub flush_interval_ms: u64,
+    /// Progress bar: `auto` (on a terminal), `always` or `never`.
+    pub progress: String,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        LoggingConfig {
+            log_every: 10,
+            moe_every: 10,
+            flush_interval_ms: 1000,
+            progress: "auto".to_string(),
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Trainyard's trainer: GPT-style decoders on candle, from raw text to checkpoints.
+
+pub mod config;
+pub mod wire;
