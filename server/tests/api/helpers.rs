@@ -91,8 +91,10 @@ impl TestApp {
             .send()
             .await
             .expect("GET");
-        assert_eq!(response.status(), StatusCode::OK, "GET {path} {query:?}");
-        response.json().await.expect("JSON body")
+        let status = response.status();
+        let body: Value = response.json().await.expect("JSON body");
+        assert_eq!(status, StatusCode::OK, "GET {path} {query:?}: {body}");
+        body
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Response {
@@ -154,8 +156,10 @@ impl TestApp {
 
     pub async fn get_json(&self, path: &str) -> Value {
         let response = self.get(path).await;
-        assert_eq!(response.status(), StatusCode::OK, "GET {path}");
-        response.json().await.expect("JSON body")
+        let status = response.status();
+        let body: Value = response.json().await.expect("JSON body");
+        assert_eq!(status, StatusCode::OK, "GET {path}: {body}");
+        body
     }
 
     /// Opens an SSE stream.
