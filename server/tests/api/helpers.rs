@@ -198,9 +198,8 @@ pub async fn assert_error(
         error["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{body}"
     );
-    match field {
-        Some(field) => assert_eq!(error["field"], field, "{body}"),
-        None => {}
+    if let Some(field) = field {
+        assert_eq!(error["field"], field, "{body}");
     }
     error
 }
