@@ -3,6 +3,7 @@
 use super::PgStore;
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
+use crate::store::ingest;
 use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint};
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
@@ -93,7 +94,7 @@ impl PgStore {
         points: &[MetricPoint],
         now_ms: i64,
     ) -> StoreResult<Vec<StoredPoint>> {
-        let batch = common::prepare_batch(points, now_ms)?;
+        let batch = ingest::prepare_batch(points, now_ms)?;
         let mut tx = self.pool.begin().await?;
         // The row lock serializes writers of one run, so seq order is commit order.
         sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
@@ -105,7 +106,7 @@ impl PgStore {
             return Ok(Vec::new());
         }
         // Series of the batch's keys, created on first use.
-        let mut series = common::SeriesMap::default();
+        let mut series = ingest::SeriesMap::default();
         let rows =
             sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1 AND key = ANY($2)")
                 .bind(run_id)
@@ -162,7 +163,7 @@ impl PgStore {
             let seq: i64 = row.try_get(0)?;
             inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
         }
-        let outcome = common::summarize(&batch, &series, &inserted);
+        let outcome = ingest::summarize(&batch, &series, &inserted);
         if !outcome.series.is_empty() {
             let u = &outcome.series;
             sqlx::query(
@@ -188,7 +189,7 @@ impl PgStore {
                  min_value, min_time, max_step, max_value, max_time) \
                  SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::int8[], $4::int8[], \
                  $5::int8[], $6::float8[], $7::int8[], $8::int8[], $9::float8[], $10::int8[]){}",
-                common::ROLLUP_MERGE
+                ingest::ROLLUP_MERGE
             );
             sqlx::query(&sql)
                 .bind(r.iter().map(|x| x.0).collect::<Vec<_>>())

@@ -3,6 +3,7 @@
 use super::{SqliteStore, CHUNK};
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
+use crate::store::ingest;
 use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint};
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteRow;
@@ -93,7 +94,7 @@ impl SqliteStore {
         points: &[MetricPoint],
         now_ms: i64,
     ) -> StoreResult<Vec<StoredPoint>> {
-        let batch = common::prepare_batch(points, now_ms)?;
+        let batch = ingest::prepare_batch(points, now_ms)?;
         let mut tx = self.write.begin().await?;
         sqlx::query("SELECT 1 FROM runs WHERE id = ?")
             .bind(run_id)
@@ -108,7 +109,7 @@ impl SqliteStore {
             QueryBuilder::<Sqlite>::new("SELECT id, key FROM metric_series WHERE run_id = ");
         qb.push_bind(run_id).push(" AND key IN ");
         common::push_in_list(&batch.keys, &mut qb);
-        let mut series = common::SeriesMap::default();
+        let mut series = ingest::SeriesMap::default();
         for row in qb.build().fetch_all(&mut *tx).await? {
             series.insert(row.try_get(1)?, row.try_get(0)?);
         }
@@ -147,7 +148,7 @@ impl SqliteStore {
                 inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
             }
         }
-        let outcome = common::summarize(&batch, &series, &inserted);
+        let outcome = ingest::summarize(&batch, &series, &inserted);
         for u in &outcome.series {
             sqlx::query(
                 "UPDATE metric_series SET count = count + ?, \
@@ -183,7 +184,7 @@ impl SqliteStore {
                     .push_bind(d.agg.max.value)
                     .push_bind(d.agg.max.time);
             });
-            qb.push(common::ROLLUP_MERGE);
+            qb.push(ingest::ROLLUP_MERGE);
             qb.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
