@@ -33,6 +33,9 @@ impl<'a> SqlSink for QueryBuilder<'a, Postgres> {
     fn filter(&mut self, f: &Filter) -> StoreResult<()> {
         super::search_filter::push_postgres(f, self)
     }
+    fn text_order(&self) -> &'static str {
+        " COLLATE \"C\""
+    }
 }
 
 fn run_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {

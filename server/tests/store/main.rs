@@ -64,4 +64,5 @@ both_backends!(
     search::sorting_by_a_metric_puts_runs_without_it_last,
     search::sorting_by_a_param_is_numeric_and_puts_runs_without_it_last,
     search::a_cursor_from_another_sort_or_garbage_is_invalid,
+    search::a_filter_on_params_and_metrics_selects_matching_runs_across_pages,
 );

@@ -2,6 +2,7 @@ use crate::metrics::pt;
 use crate::runs::{new_run, tags};
 use serde_json::json;
 use std::collections::HashSet;
+use trainyard::store::filter::Filter;
 use trainyard::store::{DynStore, NewRun, RunQuery, RunStatus, SortDir, SortKey, StoreError};
 
 fn query(sort: SortKey, dir: SortDir, limit: usize) -> RunQuery {
@@ -17,8 +18,8 @@ fn query(sort: SortKey, dir: SortDir, limit: usize) -> RunQuery {
     }
 }
 
-/// Walks every page; `between` runs after each page (to insert runs mid-walk).
-async fn walk(store: &DynStore, mut q: RunQuery, mut between: impl FnMut(usize)) -> Vec<String> {
+/// Walks every page and returns the run ids in page order.
+async fn walk(store: &DynStore, mut q: RunQuery) -> Vec<String> {
     let mut ids = Vec::new();
     for page in 0.. {
         let p = store.search_runs(&q).await.expect("page");
@@ -28,7 +29,6 @@ async fn walk(store: &DynStore, mut q: RunQuery, mut between: impl FnMut(usize))
             Some(c) => q.cursor = Some(c),
             None => break,
         }
-        between(page);
         assert!(page < 1000, "pagination does not end");
     }
     ids
@@ -135,13 +135,7 @@ pub async fn pagination_by_creation_time_is_stable_and_complete_with_inserts_bet
         original.push(new_run(&store, &format!("r{i}")).await);
     }
     for dir in [SortDir::Asc, SortDir::Desc] {
-        let mut inserted = Vec::new();
-        let pages = {
-            let q = query(SortKey::CreatedAt, dir, 7);
-            let mut pending = Vec::new();
-            let ids = walk(&store, q, |page| pending.push(page)).await;
-            ids
-        };
+        let pages = walk(&store, query(SortKey::CreatedAt, dir, 7)).await;
         assert_unique(&pages);
         let got: HashSet<_> = pages.iter().collect();
         assert!(
@@ -154,7 +148,7 @@ pub async fn pagination_by_creation_time_is_stable_and_complete_with_inserts_bet
         loop {
             let p = store.search_runs(&q).await.expect("page");
             ids.extend(p.runs.iter().map(|r| r.id.clone()));
-            inserted.push(new_run(&store, "late").await);
+            new_run(&store, "late").await;
             match p.next_cursor {
                 Some(c) => q.cursor = Some(c),
                 None => break,
@@ -188,10 +182,11 @@ pub async fn pagination_by_creation_time_is_stable_and_complete_with_inserts_bet
 pub async fn pagination_by_name_breaks_ties_by_id(store: DynStore) {
     let mut all = Vec::new();
     for i in 0..23 {
-        // Only three distinct names: most of the order comes from the id tie-break.
-        all.push(new_run(&store, ["alpha", "beta", "gamma"][i % 3]).await);
+        // Three distinct names (code-point order puts "Beta" first on both backends); most of the
+        // order comes from the id tie-break.
+        all.push(new_run(&store, ["alpha", "Beta", "gamma"][i % 3]).await);
     }
-    let ids = walk(&store, query(SortKey::Name, SortDir::Desc, 4), |_| {}).await;
+    let ids = walk(&store, query(SortKey::Name, SortDir::Desc, 4)).await;
     assert_unique(&ids);
     assert_eq!(ids.len(), 23);
     let full = store
@@ -226,7 +221,7 @@ pub async fn sorting_by_a_metric_puts_runs_without_it_last(store: DynStore) {
     let without = [new_run(&store, "n1").await, new_run(&store, "n2").await];
     for dir in [SortDir::Asc, SortDir::Desc] {
         let q = query(SortKey::Metric("val/loss".into()), dir, 3);
-        let ids = walk(&store, q, |_| {}).await;
+        let ids = walk(&store, q).await;
         assert_unique(&ids);
         assert_eq!(ids.len(), 8);
         let mut expected = with.clone();
@@ -265,7 +260,7 @@ pub async fn sorting_by_a_param_is_numeric_and_puts_runs_without_it_last(store: 
     }
     let missing = new_run(&store, "no config").await;
     let q = query(SortKey::Param("training.lr".into()), SortDir::Asc, 2);
-    let got = walk(&store, q, |_| {}).await;
+    let got = walk(&store, q).await;
     // Numbers in numeric order (0.001 < 0.01 < 0.1 < 2), then text, then runs without it.
     let want = vec![
         ids[1].clone(),
@@ -277,7 +272,7 @@ pub async fn sorting_by_a_param_is_numeric_and_puts_runs_without_it_last(store: 
     ];
     assert_eq!(got, want);
     let q = query(SortKey::Param("training.lr".into()), SortDir::Desc, 4);
-    let got = walk(&store, q, |_| {}).await;
+    let got = walk(&store, q).await;
     let want = vec![
         ids[4].clone(),
         ids[2].clone(),
@@ -310,4 +305,33 @@ pub async fn a_cursor_from_another_sort_or_garbage_is_invalid(store: DynStore) {
             other => panic!("expected an invalid cursor, got {other:?}"),
         }
     }
+}
+
+pub async fn a_filter_on_params_and_metrics_selects_matching_runs_across_pages(store: DynStore) {
+    let mut matching = Vec::new();
+    for i in 0..12 {
+        let lr = if i % 2 == 0 { 0.001 } else { 0.01 };
+        let run = store
+            .create_run(NewRun {
+                experiment_id: "0".into(),
+                config: Some(json!({"training": {"lr": lr}})),
+                ..Default::default()
+            })
+            .await
+            .expect("run");
+        let loss = 1.0 + i as f64 / 4.0; // 1.0 ..= 3.75
+        store
+            .append_points(&run.id, &[pt("val/loss", 10, loss)], 0)
+            .await
+            .expect("points");
+        if lr == 0.001 && loss < 2.5 {
+            matching.push(run.id);
+        }
+    }
+    let mut q = query(SortKey::Metric("val/loss".into()), SortDir::Asc, 2);
+    q.filter = Some(
+        Filter::parse("metrics.val/loss < 2.5 and params.training.lr = 0.001").expect("filter"),
+    );
+    let ids = walk(&store, q).await;
+    assert_eq!(ids, matching);
 }
