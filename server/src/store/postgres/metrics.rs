@@ -263,13 +263,17 @@ impl PgStore {
         after_step: Option<i64>,
         limit: usize,
     ) -> StoreResult<Vec<StoredPoint>> {
-        self.run_exists(run_id).await?;
+        let keys = self.series_keys(run_id).await?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = keys.keys().copied().collect();
+        // Series ids first: the points scan then walks `seq` order without a join.
         let rows = sqlx::query(
-            "SELECT s.key, p.step, p.value, p.time, p.seq FROM metric_points p \
-             JOIN metric_series s ON s.id = p.series_id \
-             WHERE s.run_id = $1 AND p.seq > $2 AND p.step > $3 ORDER BY p.seq LIMIT $4",
+            "SELECT series_id, step, value, time, seq FROM metric_points \
+             WHERE series_id = ANY($1) AND seq > $2 AND step > $3 ORDER BY seq LIMIT $4",
         )
-        .bind(run_id)
+        .bind(ids)
         .bind(after_seq.unwrap_or(0))
         .bind(after_step.unwrap_or(-1))
         .bind(limit as i64)
@@ -277,14 +281,30 @@ impl PgStore {
         .await?;
         rows.iter()
             .map(|r| {
+                let sid: i64 = r.try_get(0)?;
                 Ok(StoredPoint {
-                    key: r.try_get(0)?,
+                    key: keys.get(&sid).cloned().unwrap_or_default(),
                     step: r.try_get(1)?,
                     value: r.try_get(2)?,
                     time: r.try_get(3)?,
                     seq: r.try_get(4)?,
                 })
             })
+            .collect()
+    }
+
+    /// Series id → key of every metric of the run (`NotFound` for an unknown run).
+    async fn series_keys(
+        &self,
+        run_id: &str,
+    ) -> StoreResult<std::collections::HashMap<i64, String>> {
+        self.run_exists(run_id).await?;
+        let rows = sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
     }
 }
