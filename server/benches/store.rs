@@ -115,12 +115,12 @@ async fn search(store: &DynStore) {
     for (label, sort, filter) in [
         ("created_at desc", SortKey::CreatedAt, None),
         (
-            "metric val/loss asc",
+            "metric val/loss desc",
             SortKey::Metric("val/loss".into()),
             None,
         ),
         (
-            "param training.lr asc",
+            "param training.lr desc",
             SortKey::Param("training.lr".into()),
             None,
         ),
