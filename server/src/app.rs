@@ -138,7 +138,6 @@ impl Application {
             .await
             .with_context(|| format!("binding {}", settings.addr))?;
         let port = listener.local_addr()?.port();
-        tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "trainyard listening");
         Ok(Application {
             listener,
             port,
@@ -156,7 +155,8 @@ impl Application {
 
     /// Serves until SIGINT or SIGTERM, then finishes in-flight requests.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        self.run_until(shutdown_signal()).await
+        let shutdown = shutdown_signal()?;
+        self.run_until(shutdown).await
     }
 
     /// Serves until `shutdown` completes.
@@ -164,6 +164,11 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        tracing::info!(
+            addr = %self.listener.local_addr()?,
+            backend = self.state.store.backend(),
+            "trainyard listening"
+        );
         let live = Arc::clone(&self.state.live);
         let shutdown = async move {
             shutdown.await;
@@ -185,32 +190,30 @@ fn backend_name(url: &str) -> &'static str {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+/// Registers the SIGINT/SIGTERM handlers now (a signal arriving before registration would kill
+/// the process outright) and returns a future that completes on the first of them.
+#[cfg(unix)]
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {},
+            _ = terminate.recv() => {},
+        }
+        tracing::info!("shutdown signal received; finishing in-flight requests");
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sig) => {
-                sig.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
-    }
-    tracing::info!("shutdown signal received; finishing in-flight requests");
+        tracing::info!("shutdown signal received; finishing in-flight requests");
+    })
 }
 
 #[cfg(test)]
