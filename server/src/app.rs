@@ -1,0 +1,252 @@
+//! Wiring: settings → store + live hub → router → bound listener.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::extract::DefaultBodyLimit;
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::http;
+use crate::live::LiveHub;
+use crate::store::{self, DynStore};
+
+/// Largest request body accepted (a full 10,000-point batch is well under 1 MiB).
+pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Everything `serve` needs; built from the CLI or by tests.
+#[derive(Clone)]
+pub struct Settings {
+    /// Where to listen; port 0 picks a free port.
+    pub addr: SocketAddr,
+    /// Holds the default SQLite database and, later, run directories.
+    pub data_dir: PathBuf,
+    /// `sqlite:...` or `postgres://...`; `None` means `sqlite:<data_dir>/trainyard.db`.
+    pub database_url: Option<String>,
+    /// Required for any non-loopback address; then every `/api` request must carry it.
+    pub admin_token: Option<String>,
+    pub body_limit: usize,
+}
+
+/// Written by hand so the admin token never reaches a log.
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("addr", &self.addr)
+            .field("data_dir", &self.data_dir)
+            .field("database_url", &self.database_url)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("body_limit", &self.body_limit)
+            .finish()
+    }
+}
+
+impl Settings {
+    pub fn new(addr: SocketAddr, data_dir: impl Into<PathBuf>) -> Self {
+        Settings {
+            addr,
+            data_dir: data_dir.into(),
+            database_url: None,
+            admin_token: None,
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+
+    /// The database URL actually used.
+    pub fn resolved_database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!(
+                "sqlite://{}?mode=rwc",
+                self.data_dir.join("trainyard.db").display()
+            ),
+        }
+    }
+
+    /// Safety by default: a server reachable from other machines must require a token.
+    pub fn check_exposure(&self) -> anyhow::Result<()> {
+        let token = self.admin_token.as_deref().unwrap_or("");
+        if !self.addr.ip().is_loopback() && token.is_empty() {
+            anyhow::bail!(
+                "refusing to listen on {} without an admin token: this address is reachable from \
+                 other machines. Set --admin-token (or TRAINYARD_ADMIN_TOKEN), or bind to \
+                 127.0.0.1",
+                self.addr
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Shared by every handler. Cheap to clone: every field is an `Arc` or small.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: DynStore,
+    pub live: Arc<LiveHub>,
+    pub settings: Arc<Settings>,
+}
+
+impl AppState {
+    pub fn new(store: DynStore, settings: Settings) -> Self {
+        AppState {
+            store,
+            live: Arc::new(LiveHub::new()),
+            settings: Arc::new(settings),
+        }
+    }
+}
+
+/// The whole HTTP surface, ready for `axum::serve` or `tower::ServiceExt::oneshot`.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .merge(http::health::router())
+        .nest("/api/v1", http::api_router(&state))
+        .fallback(http::not_found)
+        .layer(DefaultBodyLimit::max(state.settings.body_limit))
+        .layer(CatchPanicLayer::custom(http::panic_response))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+pub struct Application {
+    listener: TcpListener,
+    port: u16,
+    state: AppState,
+}
+
+impl Application {
+    /// Checks the settings, opens the store (running migrations) and binds the listener.
+    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        settings.check_exposure()?;
+        if settings.database_url.is_none() {
+            std::fs::create_dir_all(&settings.data_dir).with_context(|| {
+                format!("creating data directory {}", settings.data_dir.display())
+            })?;
+        }
+        let url = settings.resolved_database_url();
+        let store = store::connect(&url)
+            .await
+            .with_context(|| format!("opening the {} store", backend_name(&url)))?;
+        let listener = TcpListener::bind(settings.addr)
+            .await
+            .with_context(|| format!("binding {}", settings.addr))?;
+        let port = listener.local_addr()?.port();
+        Ok(Application {
+            listener,
+            port,
+            state: AppState::new(store, settings),
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until SIGINT or SIGTERM, then finishes in-flight requests.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let shutdown = shutdown_signal()?;
+        self.run_until(shutdown).await
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        tracing::info!(
+            addr = %self.listener.local_addr()?,
+            backend = self.state.store.backend(),
+            "trainyard listening"
+        );
+        let live = Arc::clone(&self.state.live);
+        let shutdown = async move {
+            shutdown.await;
+            // SSE streams never end on their own; close them so in-flight requests can drain.
+            live.close();
+        };
+        axum::serve(self.listener, app(self.state))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving HTTP")
+    }
+}
+
+fn backend_name(url: &str) -> &'static str {
+    if url.starts_with("postgres") {
+        "Postgres"
+    } else {
+        "SQLite"
+    }
+}
+
+/// Registers the SIGINT/SIGTERM handlers now (a signal arriving before registration would kill
+/// the process outright) and returns a future that completes on the first of them.
+#[cfg(unix)]
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {},
+            _ = terminate.recv() => {},
+        }
+        tracing::info!("shutdown signal received; finishing in-flight requests");
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tracing::info!("shutdown signal received; finishing in-flight requests");
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(addr: &str, token: Option<&str>) -> Settings {
+        let mut s = Settings::new(addr.parse().expect("addr"), "data");
+        s.admin_token = token.map(str::to_string);
+        s
+    }
+
+    #[test]
+    fn only_a_non_loopback_address_without_a_token_is_refused() {
+        assert!(settings("127.0.0.1:8080", None).check_exposure().is_ok());
+        assert!(settings("[::1]:8080", None).check_exposure().is_ok());
+        assert!(settings("0.0.0.0:8080", None).check_exposure().is_err());
+        assert!(settings("0.0.0.0:8080", Some("")).check_exposure().is_err());
+        assert!(settings("0.0.0.0:8080", Some("t0k"))
+            .check_exposure()
+            .is_ok());
+    }
+
+    #[test]
+    fn the_default_database_is_a_sqlite_file_in_the_data_dir() {
+        let url = settings("127.0.0.1:0", None).resolved_database_url();
+        assert!(url.starts_with("sqlite://"), "{url}");
+        assert!(url.contains("trainyard.db"), "{url}");
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_admin_token() {
+        let text = format!("{:?}", settings("127.0.0.1:0", Some("hunter2")));
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}
