@@ -7,6 +7,7 @@
 
 pub mod adopt;
 pub mod gpus;
+pub mod hooks;
 pub mod logs;
 pub mod process;
 pub mod queue;
