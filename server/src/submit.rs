@@ -13,7 +13,11 @@ use serde_json::{json, Value};
 #[command(group(clap::ArgGroup::new("source").required(true).args(["config", "profile"])))]
 pub struct SubmitArgs {
     /// Server to launch on.
-    #[arg(long, env = "TRAINYARD_SERVER_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "TRAINYARD_SERVER_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
     pub server: String,
     /// A YAML config file.
     #[arg(long)]
@@ -96,13 +100,25 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<i32> {
         .await
         .with_context(|| format!("cannot reach the server at {base}"))?;
     let status = resp.status();
-    let reply: Value = resp.json().await.context("the server's reply is not JSON")?;
+    let reply: Value = resp
+        .json()
+        .await
+        .context("the server's reply is not JSON")?;
     if !status.is_success() {
         let err = &reply["error"];
-        let field = err["field"].as_str().map(|f| format!("{f}: ")).unwrap_or_default();
-        bail!("launch refused ({status}): {field}{}", err["message"].as_str().unwrap_or("?"));
+        let field = err["field"]
+            .as_str()
+            .map(|f| format!("{f}: "))
+            .unwrap_or_default();
+        bail!(
+            "launch refused ({status}): {field}{}",
+            err["message"].as_str().unwrap_or("?")
+        );
     }
-    let id = reply["id"].as_str().context("the reply has no run id")?.to_string();
+    let id = reply["id"]
+        .as_str()
+        .context("the reply has no run id")?
+        .to_string();
     println!("run {id} {}", reply["status"].as_str().unwrap_or("queued"));
     if !args.follow {
         return Ok(0);
@@ -206,7 +222,10 @@ mod tests {
             set: vec!["oops".into()],
             ..args
         };
-        assert!(build_body(&bad).unwrap_err().to_string().contains("KEY=VALUE"));
+        assert!(build_body(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("KEY=VALUE"));
     }
 
     #[test]

@@ -123,7 +123,9 @@ fn parse_command(command: &Option<CommandSpec>) -> Result<Option<Vec<String>>, A
 impl From<LaunchError> for ApiError {
     fn from(e: LaunchError) -> Self {
         match e {
-            LaunchError::TooManyGpus { .. } => ApiError::bad_request("resources.gpus", e.to_string()),
+            LaunchError::TooManyGpus { .. } => {
+                ApiError::bad_request("resources.gpus", e.to_string())
+            }
             LaunchError::NothingToRun => ApiError::bad_request("config", e.to_string()),
             LaunchError::NotActive(_) => ApiError::Conflict {
                 field: None,

@@ -54,7 +54,10 @@ fn parse_bool(field: &str, text: Option<&str>) -> Result<bool, ApiError> {
     match text {
         None | Some("false") | Some("0") => Ok(false),
         Some("true") | Some("1") | Some("") => Ok(true),
-        Some(_) => Err(ApiError::bad_request(field, format!("{field} must be true or false"))),
+        Some(_) => Err(ApiError::bad_request(
+            field,
+            format!("{field} must be true or false"),
+        )),
     }
 }
 
@@ -78,10 +81,18 @@ pub async fn get_logs(
     let json = match params.format.as_deref() {
         None | Some("text") => false,
         Some("json") => true,
-        Some(_) => return Err(ApiError::bad_request("format", "format must be text or json")),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "format",
+                "format must be text or json",
+            ))
+        }
     };
     if offset.is_some() && tail.is_some() {
-        return Err(ApiError::bad_request("tail", "give either offset or tail, not both"));
+        return Err(ApiError::bad_request(
+            "tail",
+            "give either offset or tail, not both",
+        ));
     }
     // Subscribe before reading so no line falls between the read and the live stream.
     let rx = follow.then(|| state.launcher.logs().subscribe(&id));
@@ -102,7 +113,10 @@ pub async fn get_logs(
     }
     Ok((
         [
-            (header::CONTENT_TYPE, "text/plain; charset=utf-8".to_string()),
+            (
+                header::CONTENT_TYPE,
+                "text/plain; charset=utf-8".to_string(),
+            ),
             (
                 header::HeaderName::from_static("x-next-offset"),
                 slice.next_offset.to_string(),
