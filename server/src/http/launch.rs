@@ -245,7 +245,7 @@ mod tests {
                     config: Some(json!({"model": {"n_heads": 3, "d_model": 64}})),
                     ..Default::default()
                 },
-                "model.n_heads",
+                "model.d_model",
             ),
             (
                 LaunchRequest {
@@ -272,23 +272,26 @@ mod tests {
         let req = LaunchRequest {
             profile: Some("tiny".into()),
             overrides: BTreeMap::from([
-                ("training.max_steps".into(), json!(7)),
+                ("training.max_steps".into(), json!(30)),
                 ("training.device".into(), json!("cpu")),
             ]),
             ..Default::default()
         };
         let cfg = resolve_config(&req).unwrap().unwrap();
-        assert_eq!(cfg.training.max_steps, 7);
+        assert_eq!(cfg.training.max_steps, 30);
         assert_eq!(cfg.training.device, "cpu");
     }
 
     #[test]
     fn yaml_text_is_accepted_as_a_config() {
         let req = LaunchRequest {
-            config: Some(json!("training:\n  max_steps: 3\n")),
+            config: Some(json!("training:\n  max_steps: 30\n")),
             ..Default::default()
         };
-        assert_eq!(resolve_config(&req).unwrap().unwrap().training.max_steps, 3);
+        assert_eq!(
+            resolve_config(&req).unwrap().unwrap().training.max_steps,
+            30
+        );
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> anyhow::Result<()> {
                     run.id.clone(),
                     assignment,
                     Some(proc_rec),
+                    None,
                 ));
             }
             (RunStatus::Running, None) => {

@@ -26,7 +26,17 @@ pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
                     .state()
                     .active
                     .insert(run_id.clone(), Active::default());
-                tokio::spawn(supervise(inner.clone(), run_id, assignment, None));
+                // Wait until this run's process is up and recorded as running before starting
+                // the next one, so start order (and the event log) is exactly queue order.
+                let (started, is_up) = tokio::sync::oneshot::channel();
+                tokio::spawn(supervise(
+                    inner.clone(),
+                    run_id,
+                    assignment,
+                    None,
+                    Some(started),
+                ));
+                let _ = is_up.await;
             }
             None => inner.wake.notified().await,
         }
@@ -53,11 +63,20 @@ pub(crate) async fn supervise(
     run_id: String,
     assignment: Assignment,
     mut adopted: Option<ProcessRecord>,
+    mut started: Option<tokio::sync::oneshot::Sender<()>>,
 ) {
     let dir = inner.run_dir(&run_id);
     match LaunchRecord::load(&dir) {
         Ok(mut record) => {
-            supervise_attempts(&inner, &run_id, &assignment, &mut record, &mut adopted).await
+            supervise_attempts(
+                &inner,
+                &run_id,
+                &assignment,
+                &mut record,
+                &mut adopted,
+                &mut started,
+            )
+            .await
         }
         Err(e) => {
             let msg = format!("cannot read the run's launch record: {e}");
@@ -80,6 +99,7 @@ async fn supervise_attempts(
     assignment: &Assignment,
     record: &mut LaunchRecord,
     adopted: &mut Option<ProcessRecord>,
+    started: &mut Option<tokio::sync::oneshot::Sender<()>>,
 ) {
     let dir = inner.run_dir(run_id);
     loop {
@@ -91,7 +111,7 @@ async fn supervise_attempts(
                     return;
                 }
                 match start_attempt(inner, run_id, assignment, record).await {
-                    Ok(started) => started,
+                    Ok(attempt) => attempt,
                     Err(e) => {
                         let msg = format!("could not start the process: {e}");
                         let exit = ExitInfo {
@@ -107,6 +127,9 @@ async fn supervise_attempts(
         if let Some(a) = inner.state().active.get_mut(run_id) {
             a.pgid = Some(proc_rec.pid);
             a.start_time = proc_rec.start_time;
+        }
+        if let Some(tx) = started.take() {
+            let _ = tx.send(());
         }
         let epoch = record.first_started_at_ms.unwrap_or(proc_rec.started_at_ms);
         let outcome = watch(inner, run_id, &dir, &proc_rec, child, epoch).await;
