@@ -75,7 +75,10 @@ async fn main() -> anyhow::Result<()> {
                 to_first_line.push(t0.elapsed().min(Duration::from_secs(3600)));
                 break;
             }
-            anyhow::ensure!(t0.elapsed() < Duration::from_secs(30), "launch {i} never ran");
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(30),
+                "launch {i} never ran"
+            );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         to_running.extend(saw_running);

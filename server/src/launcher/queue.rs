@@ -86,7 +86,7 @@ impl Scheduler {
     /// The next run to start and what it gets. FIFO within each pool: the oldest GPU run waits
     /// for enough GPUs and no younger GPU run overtakes it (no starvation of big runs), while CPU
     /// runs do not wait behind GPU runs (they compete for different slots).
-    pub fn next(&mut self) -> Option<(String, Assignment)> {
+    pub fn pop_next(&mut self) -> Option<(String, Assignment)> {
         let mut gpu_blocked = false;
         let mut cpu_blocked = false;
         let mut pick = None;
@@ -128,7 +128,7 @@ mod tests {
     use super::*;
 
     fn drain(s: &mut Scheduler) -> Vec<(String, Assignment)> {
-        std::iter::from_fn(|| s.next()).collect()
+        std::iter::from_fn(|| s.pop_next()).collect()
     }
 
     #[test]

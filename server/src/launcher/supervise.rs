@@ -19,7 +19,7 @@ const LOG_POLL: Duration = Duration::from_millis(200);
 /// Starts queued runs whenever slots free up; runs for the server's lifetime.
 pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
     loop {
-        let next = inner.state().sched.next();
+        let next = inner.state().sched.pop_next();
         match next {
             Some((run_id, assignment)) => {
                 inner
