@@ -54,6 +54,17 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> anyhow::Result<()> {
                     .set_status(&run.id, RunStatus::Failed, "lost", Some(exit))
                     .await?;
             }
+            (_, _) if record.gpus_requested > inner.gpus.len() => {
+                let reason = format!(
+                    "needs {} GPUs but this server now has {}",
+                    record.gpus_requested,
+                    inner.gpus.len()
+                );
+                inner
+                    .hooks
+                    .set_status(&run.id, RunStatus::Failed, &reason, None)
+                    .await?;
+            }
             (_, _) => {
                 tracing::info!(run = %run.id, "requeued after restart");
                 inner
