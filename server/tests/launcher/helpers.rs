@@ -20,6 +20,15 @@ pub struct TestApp {
 
 /// An in-process server on SQLite whose launcher has the given fake GPUs and CPU slots.
 pub async fn spawn_app(gpus: &[u32], cpu_slots: usize) -> TestApp {
+    spawn_app_with(gpus, cpu_slots, |_| {}).await
+}
+
+/// Like `spawn_app`, with the settings adjusted by `tweak` before the server starts.
+pub async fn spawn_app_with(
+    gpus: &[u32],
+    cpu_slots: usize,
+    tweak: impl FnOnce(&mut Settings),
+) -> TestApp {
     let data_dir = tempfile::tempdir().expect("temp dir");
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     let mut settings = Settings::new(addr, data_dir.path());
@@ -28,6 +37,7 @@ pub async fn spawn_app(gpus: &[u32], cpu_slots: usize) -> TestApp {
     settings.launcher.stop_grace = Duration::from_secs(2);
     settings.launcher.trainer_bin = Some(PathBuf::from(TRAINYARD));
     settings.launcher.sys_metrics_interval = Duration::from_millis(500);
+    tweak(&mut settings);
     let app = Application::build(settings).await.expect("server builds");
     let address = format!("http://127.0.0.1:{}", app.port());
     let state = app.state().clone();

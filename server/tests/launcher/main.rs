@@ -444,3 +444,44 @@ async fn a_running_process_reports_system_metrics() {
         "{run:#}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_follow_streams_the_output_and_exits_with_the_final_status() {
+    let bin = tempfile::tempdir().unwrap();
+    // Stands in for `trainyard train`: shows its arguments, fails when asked to.
+    let fake = script(
+        bin.path(),
+        "fake-trainer.sh",
+        r#"echo "fake trainer: $*"
+grep -q '"max_steps": 13' "$TRAINYARD_RUN_DIR/config.json" && { echo "unlucky"; exit 4; }
+exit 0"#,
+    );
+    let app = spawn_app_with(&[], 1, |s| s.launcher.trainer_bin = Some(fake.clone())).await;
+    let submit = |steps: &str| {
+        tokio::process::Command::new(TRAINYARD)
+            .args(["submit", "--server", &app.address, "--profile", "tiny"])
+            .args(["--set", &format!("training.max_steps={steps}"), "--follow"])
+            .env_remove("TRAINYARD_TOKEN")
+            .output()
+    };
+    let ok = submit("20").await.unwrap();
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(stdout.contains("fake trainer: train --config"), "{stdout}");
+    assert!(stdout.contains("--run-id"), "{stdout}");
+    let failed = submit("13").await.unwrap();
+    assert_eq!(
+        failed.status.code(),
+        Some(1),
+        "a failed run fails the command"
+    );
+    assert!(String::from_utf8_lossy(&failed.stdout).contains("unlucky"));
+    let refused = submit("many").await.unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("training.max_steps"));
+}
