@@ -289,13 +289,19 @@ impl Launcher {
     #[tracing::instrument(skip(self))]
     pub async fn stop(&self, run_id: &str) -> Result<StopOutcome, LaunchError> {
         let dir = self.inner.run_dir(run_id);
+        if !dir.join(process::LAUNCH_FILE).exists() {
+            // Not launched here (a run reporting from a terminal): nothing to signal.
+            return Err(LaunchError::NotActive(run_id.to_string()));
+        }
+        // The marker goes first: a supervisor that records its new pid after we look sees the
+        // marker and signals by itself, so a stop during a spawn is never lost.
+        std::fs::write(dir.join(STOP_FILE), b"")?;
         let (was_queued, active) = {
             let mut st = self.inner.state();
             let was_queued = st.sched.remove(run_id);
             (was_queued, st.active.get(run_id).cloned())
         };
         if was_queued {
-            let _ = std::fs::write(dir.join(STOP_FILE), b"");
             self.inner
                 .hooks
                 .set_status(
@@ -309,23 +315,11 @@ impl Launcher {
             return Ok(StopOutcome::Stopped);
         }
         let Some(active) = active else {
+            let _ = std::fs::remove_file(dir.join(STOP_FILE));
             return Err(LaunchError::NotActive(run_id.to_string()));
         };
-        std::fs::write(dir.join(STOP_FILE), b"")?;
         if let Some(pgid) = active.pgid {
-            process::signal_group(pgid, libc::SIGTERM);
-            let inner = self.inner.clone();
-            let id = run_id.to_string();
-            tokio::spawn(async move {
-                tokio::time::sleep(inner.settings.stop_grace).await;
-                let still = inner.state().active.get(&id).cloned();
-                if let Some(a) = still {
-                    if a.pgid == Some(pgid) && a.start_time == active.start_time {
-                        tracing::warn!(run = %id, "grace period over: SIGKILL");
-                        process::signal_group(pgid, libc::SIGKILL);
-                    }
-                }
-            });
+            supervise::terminate(&self.inner, run_id, pgid, active.start_time);
         }
         Ok(StopOutcome::Stopping)
     }

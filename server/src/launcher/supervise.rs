@@ -19,13 +19,17 @@ const LOG_POLL: Duration = Duration::from_millis(200);
 /// Starts queued runs whenever slots free up; runs for the server's lifetime.
 pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
     loop {
-        let next = inner.state().sched.pop_next();
+        // Popped and marked active under one lock: a stop never finds the run in neither place.
+        let next = {
+            let mut st = inner.state();
+            let next = st.sched.pop_next();
+            if let Some((run_id, _)) = &next {
+                st.active.insert(run_id.clone(), Active::default());
+            }
+            next
+        };
         match next {
             Some((run_id, assignment)) => {
-                inner
-                    .state()
-                    .active
-                    .insert(run_id.clone(), Active::default());
                 // Wait until this run's process is up and recorded as running before starting
                 // the next one, so start order (and the event log) is exactly queue order.
                 let (started, is_up) = tokio::sync::oneshot::channel();
@@ -124,9 +128,10 @@ async fn supervise_attempts(
                 }
             }
         };
-        if let Some(a) = inner.state().active.get_mut(run_id) {
-            a.pgid = Some(proc_rec.pid);
-            a.start_time = proc_rec.start_time;
+        set_active(inner, run_id, &proc_rec);
+        // A stop that arrived while the process was being spawned found no pid to signal.
+        if dir.join(STOP_FILE).exists() {
+            terminate(inner, run_id, proc_rec.pid, proc_rec.start_time);
         }
         if let Some(tx) = started.take() {
             let _ = tx.send(());
@@ -213,7 +218,9 @@ async fn start_attempt(
 ) -> std::io::Result<(ProcessRecord, Option<tokio::process::Child>)> {
     let dir = inner.run_dir(run_id);
     let server_url = inner.server_url.get().cloned().unwrap_or_default();
-    let resume = record.attempts > 0;
+    // Resume only from a checkpoint that exists: an attempt that died before its first save
+    // starts over instead of failing on `--resume latest`.
+    let resume = record.attempts > 0 && has_checkpoint(&dir);
     let argv = match &record.command {
         Some(cmd) => cmd.clone(),
         None => process::trainer_argv(&inner.trainer_bin(), &dir, &server_url, run_id, resume),
@@ -237,6 +244,8 @@ async fn start_attempt(
         attempt: record.attempts,
     };
     let (child, proc_rec) = process::spawn(&spec)?;
+    // Visible to `stop` before anyone can see the run as `running`.
+    set_active(inner, run_id, &proc_rec);
     record
         .first_started_at_ms
         .get_or_insert(proc_rec.started_at_ms);
@@ -247,13 +256,10 @@ async fn start_attempt(
     } else {
         format!("GPU {}", assignment.cuda_visible_devices())
     };
-    let reason = if resume {
-        format!(
-            "relaunched with --resume latest on {place} (attempt {})",
-            record.attempts
-        )
-    } else {
-        format!("launched on {place} (pid {})", proc_rec.pid)
+    let reason = match (record.attempts, resume) {
+        (1, _) => format!("launched on {place} (pid {})", proc_rec.pid),
+        (n, true) => format!("relaunched with --resume latest on {place} (attempt {n})"),
+        (n, false) => format!("relaunched from the start on {place} (attempt {n})"),
     };
     record_status(inner, run_id, RunStatus::Running, &reason, None).await;
     let tags = BTreeMap::from([(
@@ -334,4 +340,35 @@ async fn watch(
         inner.logs.publish(run_id, ev);
     }
     outcome
+}
+
+fn has_checkpoint(run_dir: &Path) -> bool {
+    std::fs::read_dir(run_dir.join("checkpoints"))
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false)
+}
+
+fn set_active(inner: &Inner, run_id: &str, proc_rec: &ProcessRecord) {
+    if let Some(a) = inner.state().active.get_mut(run_id) {
+        a.pgid = Some(proc_rec.pid);
+        a.start_time = proc_rec.start_time;
+    }
+}
+
+/// SIGTERM to the run's process group now, SIGKILL if the same process is still there after
+/// the grace period.
+pub(crate) fn terminate(inner: &Arc<Inner>, run_id: &str, pgid: i32, start_time: u64) {
+    process::signal_group(pgid, libc::SIGTERM);
+    let inner = inner.clone();
+    let id = run_id.to_string();
+    tokio::spawn(async move {
+        tokio::time::sleep(inner.settings.stop_grace).await;
+        let still = inner.state().active.get(&id).cloned();
+        if let Some(a) = still {
+            if a.pgid == Some(pgid) && a.start_time == start_time {
+                tracing::warn!(run = %id, "grace period over: SIGKILL");
+                process::signal_group(pgid, libc::SIGKILL);
+            }
+        }
+    });
 }
