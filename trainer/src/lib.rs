@@ -2,4 +2,5 @@
 
 pub mod config;
 pub mod optim;
+pub mod report;
 pub mod wire;
