@@ -1,4 +1,5 @@
 //! Trainyard's trainer: GPT-style decoders on candle, from raw text to checkpoints.
 
 pub mod config;
+pub mod data;
 pub mod wire;
