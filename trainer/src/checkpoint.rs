@@ -47,6 +47,26 @@ pub struct TrainState {
     pub val_loss: Option<f64>,
 }
 
+impl TrainState {
+    /// Records an evaluation: updates the best loss and the patience counter, and marks the run
+    /// early-stopped after `patience` evaluations without improvement (0 = never). Returns
+    /// whether `val_loss` is a new best.
+    pub fn record_eval(&mut self, val_loss: f64, patience: usize) -> bool {
+        self.val_loss = Some(val_loss);
+        let improved = self.best_val_loss.is_none_or(|best| val_loss < best);
+        if improved {
+            self.best_val_loss = Some(val_loss);
+            self.evals_without_improvement = 0;
+        } else {
+            self.evals_without_improvement += 1;
+            if patience > 0 && self.evals_without_improvement >= patience {
+                self.early_stopped = true;
+            }
+        }
+        improved
+    }
+}
+
 /// What goes into one checkpoint directory.
 pub struct Snapshot<'a> {
     pub varmap: &'a VarMap,
@@ -315,6 +335,30 @@ mod tests {
             tokenizer_json: "{}",
         };
         save_step(run, &snap, limit).unwrap()
+    }
+
+    #[test]
+    fn early_stopping_triggers_after_patience_evaluations_without_improvement() {
+        let mut st = state(0);
+        st.best_val_loss = None;
+        assert!(st.record_eval(2.0, 2));
+        assert!(st.record_eval(1.5, 2));
+        assert!(!st.record_eval(1.6, 2));
+        assert!(!st.early_stopped, "one bad evaluation is within patience");
+        assert!(st.record_eval(1.4, 2), "an improvement resets the counter");
+        assert!(!st.record_eval(1.4, 2));
+        assert!(!st.record_eval(1.9, 2));
+        assert!(st.early_stopped);
+        assert_eq!(st.best_val_loss, Some(1.4));
+    }
+
+    #[test]
+    fn zero_patience_never_stops() {
+        let mut st = state(0);
+        for _ in 0..10 {
+            st.record_eval(9.0, 0);
+        }
+        assert!(!st.early_stopped);
     }
 
     #[test]
