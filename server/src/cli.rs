@@ -25,6 +25,10 @@ pub enum Command {
     Serve(ServeArgs),
     /// Launch a run on a server (and follow it with --follow).
     Submit(crate::submit::SubmitArgs),
+    /// Train a GPT from a config file or profile (what launched runs execute).
+    Train(trainer::cli::TrainArgs),
+    /// Generate text from a checkpoint.
+    Sample(trainer::cli::SampleArgs),
 }
 
 #[derive(Debug, Args)]
@@ -77,6 +81,13 @@ impl ServeArgs {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
+        // The trainer is synchronous (and its HTTP reporter blocking): keep it off the runtime.
+        Command::Train(args) => {
+            tokio::task::spawn_blocking(move || trainer::cli::run_train(args)).await?
+        }
+        Command::Sample(args) => {
+            tokio::task::spawn_blocking(move || trainer::cli::run_sample(args)).await?
+        }
         Command::Submit(args) => {
             let code = crate::submit::run(args).await?;
             if code != 0 {

@@ -3,6 +3,7 @@
 
 mod helpers;
 mod restart;
+mod trainer;
 
 use std::time::{Duration, Instant};
 
