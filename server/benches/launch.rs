@@ -36,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
     let mut settings = Settings::new(addr, data.path());
     settings.launcher.gpus = Some(vec![0, 1]);
     settings.launcher.cpu_slots = 1;
+    settings.launcher.trainer_bin = Some(env!("CARGO_BIN_EXE_trainyard").into());
     let app = Application::build(settings).await?;
     let base = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until_stopped());
@@ -96,8 +97,64 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+    // The real trainer (tiny profile, CPU): until its process runs, and until its first metric.
+    let mut trainer_running = Vec::new();
+    let mut trainer_first_point = Vec::new();
+    for _ in 0..launches.min(10) {
+        let body = json!({"launch": true, "profile": "tiny", "overrides": {
+            "training.max_steps": 5, "training.eval_steps": 0, "training.device": "cpu",
+            "training.warmup_steps": 1, "logging.flush_interval_ms": 50}});
+        let t0 = Instant::now();
+        let reply: Value = client
+            .post(format!("{base}/api/v1/runs"))
+            .json(&body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let id = reply["id"].as_str().unwrap_or_default().to_string();
+        let pid_file = data.path().join("runs").join(&id).join("launch.json");
+        let mut running = None;
+        let mut first_point = None;
+        loop {
+            if running.is_none() {
+                // The trainer is the wrapper's child: running once the wrapper has one.
+                let pid = std::fs::read_to_string(&pid_file)
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                    .and_then(|v| v["process"]["pid"].as_i64());
+                if let Some(pid) = pid {
+                    let kids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                        .unwrap_or_default();
+                    if !kids.trim().is_empty() {
+                        running = Some(t0.elapsed());
+                    }
+                }
+            }
+            let run: Value = client
+                .get(format!("{base}/api/v1/runs/{id}"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            if first_point.is_none() && run["latest_metrics"].get("train/loss").is_some() {
+                first_point = Some(t0.elapsed());
+            }
+            if run["status"] == "finished" || run["status"] == "failed" {
+                anyhow::ensure!(run["status"] == "finished", "trainer run failed: {run}");
+                break;
+            }
+            anyhow::ensure!(t0.elapsed() < Duration::from_secs(120), "trainer run hung");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        trainer_running.extend(running);
+        trainer_first_point.extend(first_point);
+    }
     println!("launch latency over {launches} launches (fake 2-GPU inventory, SQLite):");
     summary("POST → API shows `running`", to_running);
     summary("POST → command's first line ran", to_first_line);
+    summary("POST → trainer process running", trainer_running);
+    summary("POST → trainer's first metric", trainer_first_point);
     Ok(())
 }
