@@ -486,3 +486,52 @@ exit 0"#,
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("training.max_steps"));
 }
+
+#[tokio::test]
+async fn a_launched_command_gets_the_admin_token_and_can_report_to_a_protected_server() {
+    let app = spawn_app_with(&[], 1, |s| s.admin_token = Some("s3cret".into())).await;
+    let cmd = r#"curl -sf -X POST "$TRAINYARD_SERVER_URL/api/v1/runs/$TRAINYARD_RUN_ID/metrics" \
+  -H "Authorization: Bearer $TRAINYARD_TOKEN" -H 'content-type: application/json' \
+  -d '{"points": [{"key": "auth/ok", "step": 0, "value": 1}]}'"#;
+    let url = format!("{}/api/v1/runs", app.address);
+    let unauthorized = app
+        .client
+        .post(&url)
+        .json(&json!({"launch": true, "command": cmd}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthorized.status(), StatusCode::UNAUTHORIZED);
+    let reply: Value = app
+        .client
+        .post(&url)
+        .bearer_auth("s3cret")
+        .json(&json!({"launch": true, "command": cmd}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = reply["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        let run: Value = app
+            .client
+            .get(format!("{url}/{id}"))
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if run["status"] == "finished" || run["status"] == "failed" {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "{run:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(run["status"], "finished", "{run:#}");
+    assert_eq!(run["latest_metrics"]["auth/ok"]["value"], 1.0);
+}
