@@ -8,6 +8,7 @@ use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
 use axum::Router;
 use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::http;
@@ -112,6 +113,7 @@ pub fn app(state: AppState) -> Router {
         .nest("/api/v1", http::api_router(&state))
         .fallback(http::not_found)
         .layer(DefaultBodyLimit::max(state.settings.body_limit))
+        .layer(CatchPanicLayer::custom(http::panic_response))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

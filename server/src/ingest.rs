@@ -136,7 +136,7 @@ mod tests {
             (p("loss", 0, f64::NEG_INFINITY), "points[0].value"),
         ];
         for (point, expected) in cases {
-            match validate_points(&[point.clone()]) {
+            match validate_points(std::slice::from_ref(&point)) {
                 Err(IngestError::Invalid { field, .. }) => assert_eq!(field, expected, "{point:?}"),
                 other => panic!("{point:?} should be invalid, got {other:?}"),
             }

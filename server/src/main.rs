@@ -10,7 +10,6 @@ async fn main() -> ExitCode {
     match cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "trainyard failed");
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }

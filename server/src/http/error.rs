@@ -35,6 +35,8 @@ pub enum ApiError {
         field: Option<String>,
         message: String,
     },
+    #[error("method {0} is not allowed here")]
+    MethodNotAllowed(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -83,6 +85,7 @@ impl ApiError {
             ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -97,6 +100,7 @@ impl ApiError {
             ApiError::Unprocessable { .. } => "unprocessable",
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict { .. } => "conflict",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unauthorized => "unauthorized",

@@ -12,7 +12,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod runs;
 
-use axum::http::Uri;
+use axum::http::{Method, Uri};
 use axum::{middleware, Router};
 
 use crate::app::AppState;
@@ -30,6 +30,7 @@ pub fn api_router(state: &AppState) -> Router<AppState> {
         .merge(events::router())
         .merge(openapi::router())
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
@@ -39,4 +40,39 @@ pub fn api_router(state: &AppState) -> Router<AppState> {
 /// JSON 404 for any path no router knows.
 pub async fn not_found(uri: Uri) -> ApiError {
     ApiError::NotFound(format!("no route for {}", uri.path()))
+}
+
+/// JSON 405 for a known path with a method it does not serve.
+pub async fn method_not_allowed(method: Method) -> ApiError {
+    ApiError::MethodNotAllowed(method.to_string())
+}
+
+/// A handler panicked: answer a JSON 500 (the panic itself is logged, never sent).
+pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    axum::response::IntoResponse::into_response(ApiError::Internal(anyhow::anyhow!(
+        "handler panicked: {detail}"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    #[tokio::test]
+    async fn a_panic_becomes_a_json_500_that_does_not_show_the_panic() {
+        let response = panic_response(Box::new("secret detail"));
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains("\"code\":\"internal\""), "{text}");
+        assert!(!text.contains("secret"), "{text}");
+    }
 }

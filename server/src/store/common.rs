@@ -151,6 +151,10 @@ pub trait SqlSink {
     fn arg(&mut self, a: Arg);
     /// Pushes the `q` filter as a boolean condition on alias `r`.
     fn filter(&mut self, f: &Filter) -> StoreResult<()>;
+    /// Appended to text sort columns so both backends order text by code point.
+    fn text_order(&self) -> &'static str {
+        ""
+    }
 }
 
 /// Where the previous page ended: the last run's sort group, sort value and id.
@@ -249,6 +253,7 @@ pub fn build_search(q: &RunQuery, out: &mut dyn SqlSink) -> StoreResult<()> {
         SortDir::Asc => ("ASC", ">"),
         SortDir::Desc => ("DESC", "<"),
     };
+    let c = out.text_order();
     out.sql("SELECT ");
     out.sql(RUN_COLUMNS);
     match &q.sort {
@@ -301,10 +306,10 @@ pub fn build_search(q: &RunQuery, out: &mut dyn SqlSink) -> StoreResult<()> {
     }
     let order = match &q.sort {
         SortKey::CreatedAt => format!(" ORDER BY r.created_at {dir}, r.id {dir}"),
-        SortKey::Name => format!(" ORDER BY r.name {dir}, r.id {dir}"),
-        SortKey::Status => format!(" ORDER BY r.status {dir}, r.id {dir}"),
+        SortKey::Name => format!(" ORDER BY r.name{c} {dir}, r.id {dir}"),
+        SortKey::Status => format!(" ORDER BY r.status{c} {dir}, r.id {dir}"),
         SortKey::Param(_) => {
-            format!(" ORDER BY {PARAM_GROUP} ASC, sp.num {dir}, sp.value {dir}, r.id {dir}")
+            format!(" ORDER BY {PARAM_GROUP} ASC, sp.num {dir}, sp.value{c} {dir}, r.id {dir}")
         }
         SortKey::Metric(_) => {
             format!(" ORDER BY {METRIC_GROUP} ASC, sm.last_value {dir}, r.id {dir}")
@@ -319,6 +324,7 @@ pub fn build_search(q: &RunQuery, out: &mut dyn SqlSink) -> StoreResult<()> {
 /// Rows strictly after the cursor in the sort order; runs lacking the sort value come last.
 fn push_keyset(q: &RunQuery, c: &Cursor, op: &str, out: &mut dyn SqlSink) -> StoreResult<()> {
     let bad = || invalid_cursor("the cursor is incomplete");
+    let coll = out.text_order();
     let id = Arg::Text(c.id.clone());
     let simple = |col: &str, v: Arg, out: &mut dyn SqlSink| {
         out.sql(&format!(" AND ({col}, r.id) {op} ("));
@@ -329,14 +335,22 @@ fn push_keyset(q: &RunQuery, c: &Cursor, op: &str, out: &mut dyn SqlSink) -> Sto
     };
     match &q.sort {
         SortKey::CreatedAt => simple("r.created_at", Arg::Int(c.i.ok_or_else(bad)?), out),
-        SortKey::Name => simple("r.name", Arg::Text(c.t.clone().ok_or_else(bad)?), out),
-        SortKey::Status => simple("r.status", Arg::Text(c.t.clone().ok_or_else(bad)?), out),
+        SortKey::Name => simple(
+            &format!("r.name{coll}"),
+            Arg::Text(c.t.clone().ok_or_else(bad)?),
+            out,
+        ),
+        SortKey::Status => simple(
+            &format!("r.status{coll}"),
+            Arg::Text(c.t.clone().ok_or_else(bad)?),
+            out,
+        ),
         SortKey::Param(_) => {
             let g = PARAM_GROUP;
             match c.g {
                 0 => {
                     out.sql(&format!(
-                        " AND ({g} > 0 OR ({g} = 0 AND (sp.num, sp.value, r.id) {op} ("
+                        " AND ({g} > 0 OR ({g} = 0 AND (sp.num, sp.value{coll}, r.id) {op} ("
                     ));
                     out.arg(Arg::Real(c.n.ok_or_else(bad)?));
                     out.sql(", ");
@@ -347,7 +361,7 @@ fn push_keyset(q: &RunQuery, c: &Cursor, op: &str, out: &mut dyn SqlSink) -> Sto
                 }
                 1 => {
                     out.sql(&format!(
-                        " AND ({g} > 1 OR ({g} = 1 AND (sp.value, r.id) {op} ("
+                        " AND ({g} > 1 OR ({g} = 1 AND (sp.value{coll}, r.id) {op} ("
                     ));
                     out.arg(Arg::Text(c.t.clone().ok_or_else(bad)?));
                     out.sql(", ");

@@ -383,3 +383,21 @@ async fn an_unknown_route_is_a_json_404() {
         assert_error(response, StatusCode::NOT_FOUND, "not_found", None).await;
     }
 }
+
+#[tokio::test]
+async fn a_method_a_path_does_not_serve_is_a_json_405() {
+    let app = spawn_app().await;
+    let response = app
+        .client
+        .delete(app.url("/api/v1/experiments"))
+        .send()
+        .await
+        .expect("request");
+    assert_error(
+        response,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        None,
+    )
+    .await;
+}

@@ -88,3 +88,48 @@ async fn status_changes_reach_the_run_stream_and_the_all_runs_stream(app: &TestA
     assert_eq!(global.data["run_id"], run.as_str());
     assert_eq!(global.data["to_status"], "running");
 }
+
+#[tokio::test]
+async fn shutting_down_ends_open_event_streams_and_the_server_stops() {
+    use std::time::Duration;
+    use trainyard::app::{Application, Settings};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let app = Application::build(Settings::new(([127, 0, 0, 1], 0).into(), dir.path()))
+        .await
+        .expect("build");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+    let client = reqwest::Client::new();
+    let run: serde_json::Value = client
+        .post(format!("{base}/api/v1/runs"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("create run")
+        .json()
+        .await
+        .expect("json");
+    let run_id = run["id"].as_str().expect("id");
+    let stream = client
+        .get(format!("{base}/api/v1/runs/{run_id}/events"))
+        .send()
+        .await
+        .expect("open stream");
+    let all = client
+        .get(format!("{base}/api/v1/events"))
+        .send()
+        .await
+        .expect("open stream");
+
+    let _ = stop.send(());
+    let result = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server stops although streams were open")
+        .expect("server task");
+    assert!(result.is_ok(), "{result:?}");
+    drop((stream, all));
+}

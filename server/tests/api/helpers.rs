@@ -13,6 +13,34 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub token: Option<String>,
     _data_dir: tempfile::TempDir,
+    /// (server URL, database name) of a Postgres test database to drop afterwards.
+    pg_database: Option<(String, String)>,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let Some((base, name)) = self.pg_database.take() else {
+            return;
+        };
+        // Drop runs inside the test's runtime, which cannot block on async work: use a
+        // detached thread with its own runtime (dropping a database takes a while; the test
+        // need not wait). FORCE ends the server's pooled connections.
+        std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                if let Ok(pool) = sqlx::PgPool::connect(&base).await {
+                    let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+                    let _ = sqlx::query(&sql).execute(&pool).await;
+                    pool.close().await;
+                }
+            });
+        });
+    }
 }
 
 /// A server on SQLite in a fresh temporary directory.
@@ -38,6 +66,7 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
             .expect("client"),
         token,
         _data_dir: data_dir,
+        pg_database: None,
     }
 }
 
@@ -50,7 +79,7 @@ pub fn test_database_url() -> String {
 /// A server on a brand-new Postgres database.
 pub async fn spawn_pg_app() -> TestApp {
     let base = test_database_url();
-    let name = format!("trainyard_test_{}", uuid::Uuid::new_v4().simple());
+    let name = format!("trainyard_api_test_{}", uuid::Uuid::new_v4().simple());
     let pool = sqlx::PgPool::connect(&base)
         .await
         .unwrap_or_else(|e| panic!("Postgres at {base} is required for these tests: {e}"));
@@ -61,7 +90,9 @@ pub async fn spawn_pg_app() -> TestApp {
     pool.close().await;
     let (prefix, _) = base.rsplit_once('/').expect("database URL has a path");
     let url = format!("{prefix}/{name}");
-    spawn_app_with(|s| s.database_url = Some(url)).await
+    let mut app = spawn_app_with(|s| s.database_url = Some(url)).await;
+    app.pg_database = Some((base, name));
+    app
 }
 
 impl TestApp {
@@ -91,8 +122,10 @@ impl TestApp {
             .send()
             .await
             .expect("GET");
-        assert_eq!(response.status(), StatusCode::OK, "GET {path} {query:?}");
-        response.json().await.expect("JSON body")
+        let status = response.status();
+        let body: Value = response.json().await.expect("JSON body");
+        assert_eq!(status, StatusCode::OK, "GET {path} {query:?}: {body}");
+        body
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Response {
@@ -154,8 +187,10 @@ impl TestApp {
 
     pub async fn get_json(&self, path: &str) -> Value {
         let response = self.get(path).await;
-        assert_eq!(response.status(), StatusCode::OK, "GET {path}");
-        response.json().await.expect("JSON body")
+        let status = response.status();
+        let body: Value = response.json().await.expect("JSON body");
+        assert_eq!(status, StatusCode::OK, "GET {path}: {body}");
+        body
     }
 
     /// Opens an SSE stream.
@@ -194,9 +229,8 @@ pub async fn assert_error(
         error["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{body}"
     );
-    match field {
-        Some(field) => assert_eq!(error["field"], field, "{body}"),
-        None => {}
+    if let Some(field) = field {
+        assert_eq!(error["field"], field, "{body}");
     }
     error
 }

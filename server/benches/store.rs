@@ -1,0 +1,171 @@
+//! Store benchmark: ingest with 4 concurrent writers and 1,000-point batches, read-back, and a
+//! `max_points = 1000` read of a 1,000,000-point series, on SQLite and on Postgres.
+//!
+//! `cargo bench -p trainyard --bench store` (Postgres from `TEST_DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`; a scratch database is created and dropped).
+
+use sqlx::Connection;
+use std::time::{Duration, Instant};
+use trainyard::store::{self, DynStore, MetricPoint, NewRun};
+
+const WRITERS: usize = 4;
+const BATCH: usize = 1_000;
+const BATCHES_PER_WRITER: usize = 100;
+const SERIES_POINTS: i64 = 1_000_000;
+
+async fn run_id(store: &DynStore) -> String {
+    store
+        .create_run(NewRun {
+            experiment_id: "0".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("run")
+        .id
+}
+
+async fn ingest(store: &DynStore) -> f64 {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..WRITERS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = run_id(&store).await;
+            for b in 0..BATCHES_PER_WRITER as i64 {
+                // 10 keys x 100 steps: what a trainer logging 10 metrics sends.
+                let points: Vec<MetricPoint> = (0..BATCH as i64)
+                    .map(|i| MetricPoint {
+                        key: format!("metric/{}", i % 10),
+                        step: b * 100 + i / 10,
+                        value: (i as f64).sin(),
+                        time: Some(i),
+                    })
+                    .collect();
+                store.append_points(&id, &points, 0).await.expect("append");
+            }
+            id
+        }));
+    }
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    (WRITERS * BATCHES_PER_WRITER * BATCH) as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn series(store: &DynStore) -> (String, Duration) {
+    let id = run_id(store).await;
+    let started = Instant::now();
+    for b in 0..SERIES_POINTS / BATCH as i64 {
+        let points: Vec<MetricPoint> = (0..BATCH as i64)
+            .map(|i| {
+                let step = b * BATCH as i64 + i;
+                MetricPoint {
+                    key: "train/loss".into(),
+                    step,
+                    value: 10.0 / (2.0 + step as f64).ln()
+                        + if step % 9_973 == 0 { 5.0 } else { 0.0 },
+                    time: Some(step),
+                }
+            })
+            .collect();
+        store.append_points(&id, &points, 0).await.expect("append");
+    }
+    (id, started.elapsed())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+async fn bench(store: DynStore) {
+    let backend = store.backend();
+    let ingest_rate = ingest(&store).await;
+    println!(
+        "{backend}: ingest {WRITERS} writers x {BATCH}-point batches: {ingest_rate:.0} points/s"
+    );
+
+    let (id, took) = series(&store).await;
+    println!(
+        "{backend}: 1,000,000-point series written in {:.1} s ({:.0} points/s, 1 writer)",
+        took.as_secs_f64(),
+        SERIES_POINTS as f64 / took.as_secs_f64()
+    );
+
+    let mut read = 0usize;
+    let started = Instant::now();
+    let mut after = None;
+    loop {
+        let page = store
+            .points_since(&id, after, None, 50_000)
+            .await
+            .expect("read");
+        let Some(last) = page.last() else { break };
+        after = Some(last.seq);
+        read += page.len();
+    }
+    let rate = read as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "{backend}: read-back of {read} points (points_since pages of 50,000): {rate:.0} points/s"
+    );
+
+    let raw = Instant::now();
+    let all = store
+        .read_series(&id, "train/loss", None, None, 2_000_000)
+        .await
+        .expect("raw");
+    let raw_rate = all.points.len() as f64 / raw.elapsed().as_secs_f64();
+    println!(
+        "{backend}: read_series of all {} points: {raw_rate:.0} points/s",
+        all.points.len()
+    );
+
+    for (label, start, end) in [
+        ("whole series", None, None),
+        ("steps 123,457..=876,543", Some(123_457), Some(876_543)),
+    ] {
+        let mut times = Vec::new();
+        for _ in 0..21 {
+            let t = Instant::now();
+            let s = store
+                .read_series(&id, "train/loss", start, end, 1_000)
+                .await
+                .expect("downsampled");
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            assert!(s.downsampled && s.points.len() <= 1_000);
+        }
+        println!(
+            "{backend}: max_points=1000 over 1M points, {label}: median {:.2} ms, max {:.2} ms",
+            median(times.clone()),
+            times.iter().cloned().fold(0.0, f64::max)
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    bench(store::connect(&url).await.expect("sqlite")).await;
+
+    let base = std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
+    let name = format!("trainyard_bench_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(&base)
+        .await
+        .expect("Postgres reachable");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .expect("create database");
+    let (prefix, _) = base.rsplit_once('/').expect("URL with a database");
+    let store = store::connect(&format!("{prefix}/{name}"))
+        .await
+        .expect("postgres");
+    bench(store.clone()).await;
+    drop(store);
+    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await
+        .expect("drop database");
+}
