@@ -186,8 +186,16 @@ impl Follow {
                 return Some(log_event(first.offset, &first.text));
             }
         }
+        let live = self.state.live.clone();
         loop {
-            let recv = tokio::time::timeout(STATUS_POLL, self.rx.recv()).await;
+            let recv = tokio::select! {
+                recv = tokio::time::timeout(STATUS_POLL, self.rx.recv()) => recv,
+                // Server shutting down: end the stream so graceful shutdown is not held up.
+                _ = live.closed() => {
+                    self.done = true;
+                    return None;
+                }
+            };
             match recv {
                 Ok(Ok(LogEvent::Chunk { offset, text })) => {
                     let end = offset + text.len() as u64;

@@ -113,3 +113,53 @@ async fn after_a_server_restart_queued_runs_stay_queued_and_vanished_processes_a
     server.child.kill().unwrap();
     server.child.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_shutdown_ends_log_followers_and_leaves_the_run_going() {
+    use trainyard::app::{Application, Settings};
+    let data = tempfile::tempdir().unwrap();
+    let mut settings = Settings::new("127.0.0.1:0".parse().unwrap(), data.path());
+    settings.launcher.gpus = Some(vec![]);
+    let app = Application::build(settings).await.unwrap();
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+    let c = client();
+    let id = launch(
+        &c,
+        &address,
+        json!({"launch": true, "command": "echo up; exec sleep 60"}),
+    )
+    .await;
+    wait_for(&c, &address, &id, Duration::from_secs(30), |r| {
+        r["status"] == "running"
+    })
+    .await;
+    let follow = c
+        .get(format!("{address}/api/v1/runs/{id}/logs?follow=true"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(follow.status(), reqwest::StatusCode::OK);
+    stop.send(()).unwrap();
+    let body = tokio::time::timeout(Duration::from_secs(20), follow.text())
+        .await
+        .expect("the follow stream ends on shutdown");
+    assert!(body.unwrap_or_default().contains("up"));
+    tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .expect("the server shuts down while a follower was attached")
+        .unwrap()
+        .unwrap();
+    let pgid = launch_record(data.path(), &id)["process"]["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    assert_eq!(
+        unsafe { libc::kill(-pgid, 0) },
+        0,
+        "the run outlives the server"
+    );
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+}
