@@ -6,7 +6,11 @@ use super::process::{self, LaunchRecord, Outcome, ProcessRecord, SpawnSpec};
 use super::queue::Assignment;
 use super::sysmetrics::Sampler;
 use super::{Active, Inner, STOP_FILE};
-use crate::store::{ExitInfo, RunStatus};
+use crate::store::{ExitInfo, RunStatus, MAX_POINTS_PER_BATCH};
+use trainer::wire::MetricsLine;
+
+/// The trainer's own record of every step (written before the step is sent).
+const METRICS_FILE: &str = "metrics.jsonl";
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -140,6 +144,9 @@ async fn supervise_attempts(
         let outcome = watch(inner, run_id, &dir, &proc_rec, child, epoch).await;
         if let Some(a) = inner.state().active.get_mut(run_id) {
             a.pgid = None;
+        }
+        if !outcome.success() {
+            backfill_metrics(inner, run_id, &dir).await;
         }
         let tail = super::logs::read_tail(&dir.join(process::LOG_FILE), TAIL_LINES)
             .map(|s| s.text)
@@ -371,4 +378,28 @@ pub(crate) fn terminate(inner: &Arc<Inner>, run_id: &str, pgid: i32, start_time:
             }
         }
     });
+}
+
+/// A trainer killed between writing a step to `metrics.jsonl` and sending it to the server
+/// leaves a gap (its replacement resumes after the checkpoint). The file has every step, so
+/// after an attempt that did not end cleanly its points are sent again; writes are idempotent
+/// on (run, key, step), so what the server already has is untouched.
+async fn backfill_metrics(inner: &Inner, run_id: &str, dir: &Path) {
+    let path = dir.join(METRICS_FILE);
+    let lines = tokio::task::spawn_blocking(move || {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<MetricsLine>(l).ok())
+            .flat_map(|l| l.to_points())
+            .filter(|p| p.value.is_finite())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    for chunk in lines.chunks(MAX_POINTS_PER_BATCH) {
+        if let Err(e) = inner.hooks.ingest(run_id, chunk.to_vec()).await {
+            tracing::warn!(run = %run_id, error = %e, "metrics.jsonl backfill incomplete");
+            return;
+        }
+    }
 }
