@@ -69,6 +69,19 @@ pub struct CreateRun {
 }
 
 impl CreateRun {
+    /// A launch-only field on a request that does not launch (a likely mistake, never ignored).
+    fn launch_only_field(&self) -> Option<&'static str> {
+        [
+            ("profile", self.profile.is_some()),
+            ("overrides", !self.overrides.is_empty()),
+            ("resources", self.resources.is_some()),
+            ("max_restarts", self.max_restarts.is_some()),
+            ("command", self.command.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(field, set)| set.then_some(field))
+    }
+
     fn into_launch(self) -> super::launch::LaunchRequest {
         super::launch::LaunchRequest {
             experiment: self.experiment,
@@ -194,6 +207,12 @@ pub async fn create_run(
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
     if body.launch {
         return super::launch::create_launched_run(&state, body.into_launch()).await;
+    }
+    if let Some(field) = body.launch_only_field() {
+        return Err(ApiError::bad_request(
+            field,
+            format!("`{field}` is only used with `launch: true`"),
+        ));
     }
     let experiment = body.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT);
     validate_name("experiment", experiment)?;

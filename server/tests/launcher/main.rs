@@ -102,6 +102,8 @@ async fn launch_requests_with_config_mistakes_are_rejected_naming_the_key() {
         (json!({"launch": true, "profile": "gigantic"}), "profile"),
         (json!({"launch": true}), "config"),
         (json!({"launch": true, "command": []}), "command"),
+        (json!({"profile": "tiny"}), "profile"),
+        (json!({"command": "echo hi"}), "command"),
     ];
     for (body, field) in cases {
         let (status, reply) = post(&app.client, &app.address, "/api/v1/runs", &body).await;
