@@ -6,7 +6,7 @@
 
 use sqlx::Connection;
 use std::time::{Duration, Instant};
-use trainyard::store::{self, DynStore, MetricPoint, NewRun};
+use trainyard::store::{self, DynStore, MetricPoint, NewRun, RunQuery, SortDir, SortKey};
 
 const WRITERS: usize = 4;
 const BATCH: usize = 1_000;
@@ -78,8 +78,86 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+async fn search(store: &DynStore) {
+    let backend = store.backend();
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..2_500 {
+                let run = store
+                    .create_run(NewRun {
+                        experiment_id: "0".into(),
+                        config: Some(
+                            serde_json::json!({"training": {"lr": (i % 7) as f64 * 1e-4}}),
+                        ),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("run");
+                let p = MetricPoint {
+                    key: "val/loss".into(),
+                    step: 1,
+                    value: ((w * 2_500 + i) % 97) as f64,
+                    time: None,
+                };
+                store.append_points(&run.id, &[p], 0).await.expect("point");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("creator");
+    }
+    let filter = trainyard::store::filter::Filter::parse(
+        "metrics.val/loss < 50 and params.training.lr > 0.0002",
+    )
+    .expect("filter");
+    for (label, sort, filter) in [
+        ("created_at desc", SortKey::CreatedAt, None),
+        (
+            "metric val/loss asc",
+            SortKey::Metric("val/loss".into()),
+            None,
+        ),
+        (
+            "param training.lr asc",
+            SortKey::Param("training.lr".into()),
+            None,
+        ),
+        (
+            "created_at desc + q filter",
+            SortKey::CreatedAt,
+            Some(filter),
+        ),
+    ] {
+        let mut q = RunQuery {
+            experiment_id: None,
+            status: None,
+            tag: None,
+            filter,
+            sort,
+            dir: SortDir::Desc,
+            limit: 100,
+            cursor: None,
+        };
+        let mut times = Vec::new();
+        for _ in 0..10 {
+            let t = Instant::now();
+            let page = store.search_runs(&q).await.expect("search");
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            q.cursor = page.next_cursor;
+        }
+        println!(
+            "{backend}: search 10,000 runs, 100-run pages, {label}: median {:.1} ms, max {:.1} ms",
+            median(times.clone()),
+            times.iter().cloned().fold(0.0, f64::max)
+        );
+    }
+}
+
 async fn bench(store: DynStore) {
     let backend = store.backend();
+    search(&store).await;
     let ingest_rate = ingest(&store).await;
     println!(
         "{backend}: ingest {WRITERS} writers x {BATCH}-point batches: {ingest_rate:.0} points/s"

@@ -329,12 +329,13 @@ impl Store for PgStore {
 
     async fn update_run(&self, id: &str, update: RunUpdate) -> StoreResult<Run> {
         let mut tx = self.pool.begin().await?;
-        let stored: Option<String> =
-            sqlx::query_scalar::<_, Option<String>>("SELECT config FROM runs WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?
-                .ok_or_else(|| common::not_found_run(id))?;
+        let stored: Option<String> = sqlx::query_scalar::<_, Option<String>>(
+            "SELECT config FROM runs WHERE id = $1 FOR UPDATE",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| common::not_found_run(id))?;
         if let Some(name) = &update.name {
             let name = common::valid_name("name", name)?;
             sqlx::query("UPDATE runs SET name = $1 WHERE id = $2")

@@ -3,6 +3,7 @@
 use super::PgStore;
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
+use crate::store::ingest;
 use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint};
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
@@ -93,7 +94,7 @@ impl PgStore {
         points: &[MetricPoint],
         now_ms: i64,
     ) -> StoreResult<Vec<StoredPoint>> {
-        let batch = common::prepare_batch(points, now_ms)?;
+        let batch = ingest::prepare_batch(points, now_ms)?;
         let mut tx = self.pool.begin().await?;
         // The row lock serializes writers of one run, so seq order is commit order.
         sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
@@ -105,7 +106,7 @@ impl PgStore {
             return Ok(Vec::new());
         }
         // Series of the batch's keys, created on first use.
-        let mut series = common::SeriesMap::default();
+        let mut series = ingest::SeriesMap::default();
         let rows =
             sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1 AND key = ANY($2)")
                 .bind(run_id)
@@ -162,7 +163,7 @@ impl PgStore {
             let seq: i64 = row.try_get(0)?;
             inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
         }
-        let outcome = common::summarize(&batch, &series, &inserted);
+        let outcome = ingest::summarize(&batch, &series, &inserted);
         if !outcome.series.is_empty() {
             let u = &outcome.series;
             sqlx::query(
@@ -188,7 +189,7 @@ impl PgStore {
                  min_value, min_time, max_step, max_value, max_time) \
                  SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::int8[], $4::int8[], \
                  $5::int8[], $6::float8[], $7::int8[], $8::int8[], $9::float8[], $10::int8[]){}",
-                common::ROLLUP_MERGE
+                ingest::ROLLUP_MERGE
             );
             sqlx::query(&sql)
                 .bind(r.iter().map(|x| x.0).collect::<Vec<_>>())
@@ -262,13 +263,17 @@ impl PgStore {
         after_step: Option<i64>,
         limit: usize,
     ) -> StoreResult<Vec<StoredPoint>> {
-        self.run_exists(run_id).await?;
+        let keys = self.series_keys(run_id).await?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = keys.keys().copied().collect();
+        // Series ids first: the points scan then walks `seq` order without a join.
         let rows = sqlx::query(
-            "SELECT s.key, p.step, p.value, p.time, p.seq FROM metric_points p \
-             JOIN metric_series s ON s.id = p.series_id \
-             WHERE s.run_id = $1 AND p.seq > $2 AND p.step > $3 ORDER BY p.seq LIMIT $4",
+            "SELECT series_id, step, value, time, seq FROM metric_points \
+             WHERE series_id = ANY($1) AND seq > $2 AND step > $3 ORDER BY seq LIMIT $4",
         )
-        .bind(run_id)
+        .bind(ids)
         .bind(after_seq.unwrap_or(0))
         .bind(after_step.unwrap_or(-1))
         .bind(limit as i64)
@@ -276,14 +281,30 @@ impl PgStore {
         .await?;
         rows.iter()
             .map(|r| {
+                let sid: i64 = r.try_get(0)?;
                 Ok(StoredPoint {
-                    key: r.try_get(0)?,
+                    key: keys.get(&sid).cloned().unwrap_or_default(),
                     step: r.try_get(1)?,
                     value: r.try_get(2)?,
                     time: r.try_get(3)?,
                     seq: r.try_get(4)?,
                 })
             })
+            .collect()
+    }
+
+    /// Series id → key of every metric of the run (`NotFound` for an unknown run).
+    async fn series_keys(
+        &self,
+        run_id: &str,
+    ) -> StoreResult<std::collections::HashMap<i64, String>> {
+        self.run_exists(run_id).await?;
+        let rows = sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
     }
 }

@@ -3,6 +3,7 @@
 use super::{SqliteStore, CHUNK};
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
+use crate::store::ingest;
 use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint};
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteRow;
@@ -93,7 +94,7 @@ impl SqliteStore {
         points: &[MetricPoint],
         now_ms: i64,
     ) -> StoreResult<Vec<StoredPoint>> {
-        let batch = common::prepare_batch(points, now_ms)?;
+        let batch = ingest::prepare_batch(points, now_ms)?;
         let mut tx = self.write.begin().await?;
         sqlx::query("SELECT 1 FROM runs WHERE id = ?")
             .bind(run_id)
@@ -108,7 +109,7 @@ impl SqliteStore {
             QueryBuilder::<Sqlite>::new("SELECT id, key FROM metric_series WHERE run_id = ");
         qb.push_bind(run_id).push(" AND key IN ");
         common::push_in_list(&batch.keys, &mut qb);
-        let mut series = common::SeriesMap::default();
+        let mut series = ingest::SeriesMap::default();
         for row in qb.build().fetch_all(&mut *tx).await? {
             series.insert(row.try_get(1)?, row.try_get(0)?);
         }
@@ -147,7 +148,7 @@ impl SqliteStore {
                 inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
             }
         }
-        let outcome = common::summarize(&batch, &series, &inserted);
+        let outcome = ingest::summarize(&batch, &series, &inserted);
         for u in &outcome.series {
             sqlx::query(
                 "UPDATE metric_series SET count = count + ?, \
@@ -183,7 +184,7 @@ impl SqliteStore {
                     .push_bind(d.agg.max.value)
                     .push_bind(d.agg.max.time);
             });
-            qb.push(common::ROLLUP_MERGE);
+            qb.push(ingest::ROLLUP_MERGE);
             qb.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
@@ -244,28 +245,51 @@ impl SqliteStore {
         after_step: Option<i64>,
         limit: usize,
     ) -> StoreResult<Vec<StoredPoint>> {
-        self.run_exists(run_id).await?;
-        let rows = sqlx::query(
-            "SELECT s.key, p.step, p.value, p.time, p.seq FROM metric_points p \
-             JOIN metric_series s ON s.id = p.series_id \
-             WHERE s.run_id = ? AND p.seq > ? AND p.step > ? ORDER BY p.seq LIMIT ?",
-        )
-        .bind(run_id)
-        .bind(after_seq.unwrap_or(0))
-        .bind(after_step.unwrap_or(-1))
-        .bind(limit as i64)
-        .fetch_all(&self.read)
-        .await?;
+        let keys = self.series_keys(run_id).await?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = keys.keys().map(|id| id.to_string()).collect();
+        // Series ids first: the points scan then walks `seq` order without a join. The ids are
+        // integers from the database, inlined as literals; `+series_id` keeps SQLite on the
+        // rowid (seq) range instead of sorting every point of the run for each page.
+        let sql = format!(
+            "SELECT series_id, step, value, time, seq FROM metric_points \
+             WHERE +series_id IN ({}) AND seq > ? AND step > ? ORDER BY seq LIMIT ?",
+            ids.join(", ")
+        );
+        let rows = sqlx::query(&sql)
+            .bind(after_seq.unwrap_or(0))
+            .bind(after_step.unwrap_or(-1))
+            .bind(limit as i64)
+            .fetch_all(&self.read)
+            .await?;
         rows.iter()
             .map(|r| {
+                let sid: i64 = r.try_get(0)?;
                 Ok(StoredPoint {
-                    key: r.try_get(0)?,
+                    key: keys.get(&sid).cloned().unwrap_or_default(),
                     step: r.try_get(1)?,
                     value: r.try_get(2)?,
                     time: r.try_get(3)?,
                     seq: r.try_get(4)?,
                 })
             })
+            .collect()
+    }
+
+    /// Series id → key of every metric of the run (`NotFound` for an unknown run).
+    async fn series_keys(
+        &self,
+        run_id: &str,
+    ) -> StoreResult<std::collections::HashMap<i64, String>> {
+        self.run_exists(run_id).await?;
+        let rows = sqlx::query("SELECT id, key FROM metric_series WHERE run_id = ?")
+            .bind(run_id)
+            .fetch_all(&self.read)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
     }
 }
