@@ -21,7 +21,7 @@ use crate::store::{self, DynStore};
 pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Everything `serve` needs; built from the CLI or by tests.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Settings {
     /// Where to listen; port 0 picks a free port.
     pub addr: SocketAddr,
@@ -35,6 +35,22 @@ pub struct Settings {
     /// GPUs, CPU slots, stop grace period and trainer binary of the local executor
     /// (its `data_dir` is replaced by the one above).
     pub launcher: LauncherSettings,
+}
+
+/// Written by hand so the admin token never reaches a log.
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("addr", &self.addr)
+            .field("data_dir", &self.data_dir)
+            .field("database_url", &self.database_url)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("body_limit", &self.body_limit)
+            .finish()
+    }
 }
 
 impl Settings {
@@ -225,4 +241,39 @@ async fn shutdown_signal() {
         _ = terminate => {},
     }
     tracing::info!("shutdown signal received; finishing in-flight requests");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(addr: &str, token: Option<&str>) -> Settings {
+        let mut s = Settings::new(addr.parse().expect("addr"), "data");
+        s.admin_token = token.map(str::to_string);
+        s
+    }
+
+    #[test]
+    fn only_a_non_loopback_address_without_a_token_is_refused() {
+        assert!(settings("127.0.0.1:8080", None).check_exposure().is_ok());
+        assert!(settings("[::1]:8080", None).check_exposure().is_ok());
+        assert!(settings("0.0.0.0:8080", None).check_exposure().is_err());
+        assert!(settings("0.0.0.0:8080", Some("")).check_exposure().is_err());
+        assert!(settings("0.0.0.0:8080", Some("t0k"))
+            .check_exposure()
+            .is_ok());
+    }
+
+    #[test]
+    fn the_default_database_is_a_sqlite_file_in_the_data_dir() {
+        let url = settings("127.0.0.1:0", None).resolved_database_url();
+        assert!(url.starts_with("sqlite://"), "{url}");
+        assert!(url.contains("trainyard.db"), "{url}");
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_admin_token() {
+        let text = format!("{:?}", settings("127.0.0.1:0", Some("hunter2")));
+        assert!(!text.contains("hunter2"), "{text}");
+    }
 }

@@ -143,6 +143,12 @@ pub async fn run_events(
                     .send(Event::default().event("error").data("internal error"))
                     .await;
             }
+            Err(StreamEnd::Encode(e)) => {
+                tracing::error!(run_id, error = %e, "SSE stream failed encoding an event");
+                let _ = tx
+                    .send(Event::default().event("error").data("internal error"))
+                    .await;
+            }
         }
     });
     Ok(Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
@@ -151,6 +157,8 @@ pub async fn run_events(
 enum StreamEnd {
     ClientGone,
     Store(StoreError),
+    /// An event could not be encoded as JSON (a bug, not a client's fault).
+    Encode(axum::Error),
 }
 
 impl From<StoreError> for StreamEnd {
@@ -266,12 +274,7 @@ async fn send<T: Serialize>(
         .event(name)
         .id(position.to_event_id())
         .json_data(data)
-        .map_err(|e| {
-            StreamEnd::Store(StoreError::Invalid {
-                field: "event",
-                message: e.to_string(),
-            })
-        })?;
+        .map_err(StreamEnd::Encode)?;
     tx.send(event).await.map_err(|_| StreamEnd::ClientGone)
 }
 

@@ -4,6 +4,7 @@
 mod helpers;
 
 mod auth;
+mod cli;
 mod errors;
 mod events;
 mod experiments;

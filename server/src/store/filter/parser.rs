@@ -15,6 +15,8 @@ use super::{
     MAX_CONDITIONS, MAX_DEPTH, MAX_IN_VALUES,
 };
 
+const CONDITION_HELP: &str = "a field such as `metrics.loss`, `(` or NOT";
+
 const FIELD_HELP: &str = "expected metrics.<key>, params.<key>, tags.<key> or one of status, name, experiment_id, run_id, created_at, started_at, ended_at";
 
 pub(super) fn parse(tokens: &[Token]) -> Result<Expr, FilterError> {
@@ -132,13 +134,9 @@ impl<'t> Parser<'t> {
             }
             Tok::Ident(_) => Expr::Cond(self.condition()?),
             _ => {
-                return Err(FilterError::new(
-                    t.pos,
-                    format!(
-                    "expected a condition (a field such as `metrics.loss`), `(` or NOT, found {}",
-                    describe(t)
-                ),
-                ))
+                let found = describe(t);
+                let message = format!("expected a condition ({CONDITION_HELP}), found {found}");
+                return Err(FilterError::new(t.pos, message));
             }
         };
         self.depth -= 1;
