@@ -119,6 +119,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
     let (cfg, resume_from) = resolve_config(&args, &out)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // A second signal while the first is being honoured exits at once (130, as a shell).
+        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
+            .context("installing signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     let server = match (args.server, args.run_id) {

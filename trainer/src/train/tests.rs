@@ -87,7 +87,7 @@ fn validation_loss_on_the_demo_text_falls_below_its_unigram_entropy() {
         "model.d_ff=256",
         "model.max_seq_len=64",
         "training.seq_len=64",
-        "training.batch_size=16",
+        "training.batch_size=8",
         "training.max_steps=300",
         "training.warmup_steps=20",
         "training.learning_rate=5e-3",
