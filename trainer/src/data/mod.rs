@@ -257,9 +257,11 @@ mod tests {
         cfg
     }
 
+    type Mutation = fn(&mut Config);
+
     #[test]
     fn out_of_range_settings_are_rejected_with_their_key() {
-        let cases: [(&str, fn(&mut Config), &str); 4] = [
+        let cases: [(&str, Mutation, &str); 4] = [
             (
                 "zero val",
                 |c| c.data.val_fraction = 0.0,
