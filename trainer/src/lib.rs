@@ -2,4 +2,5 @@
 
 pub mod config;
 pub mod data;
+pub mod model;
 pub mod wire;
