@@ -126,7 +126,7 @@ class Gpt(nn.Module):
             if aux is not None:
                 aux_total = aux_total + 0.01 * aux
         logits = self.ln_f(x) @ self.wte.weight.t()  # tied output embedding
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1)) + aux_total
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1)) + aux_total
 
 
 def optimizer(model):
@@ -153,9 +153,10 @@ def main():
     model = Gpt(args.attention == "manual", args.moe)
     opt = optimizer(model)
     data = torch.randint(0, VOCAB, (args.warmup + args.steps, BATCH, CONTEXT + 1))
+    xs, ys = data[..., :-1].contiguous(), data[..., 1:].contiguous()
 
     def step(i):
-        x, y = data[i, :, :-1], data[i, :, 1:]
+        x, y = xs[i], ys[i]
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
