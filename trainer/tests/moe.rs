@@ -123,12 +123,12 @@ struct Outcome {
     purity: f32,
 }
 
-/// Trains one MoE layer to map each cluster to its target, from a router that starts out
-/// strongly preferring expert 0 (it reads the shared offset `u`).
-fn train(aux_loss_weight: f64) -> Outcome {
+/// Trains one top-k MoE layer to map each cluster to its target, from a router that starts
+/// out preferring expert 0 by `skew` per unit of the offset every cluster shares.
+fn train(aux_loss_weight: f64, skew: f32, lr: f64, steps: usize, top_k: usize) -> Outcome {
     let moe = MoeConfig {
         num_experts: 8,
-        top_k: 2,
+        top_k,
         aux_loss_weight,
         z_loss_weight: 0.0,
         ..MoeConfig::default()
@@ -143,20 +143,20 @@ fn train(aux_loss_weight: f64) -> Outcome {
     for (i, v) in w.iter_mut().enumerate() {
         *v = 0.05 * (i as f32 * 0.37).sin();
     }
-    w[0] = 1.0; // expert 0 reads the offset shared by every cluster
+    w[0] = skew; // expert 0 reads the offset shared by every cluster
     set(
         &varmap,
         "router.weight",
         Tensor::from_vec(w, (8, 16), &Device::Cpu).unwrap(),
     );
     let params = ParamsAdamW {
-        lr: 0.01,
+        lr,
         weight_decay: 0.0,
         ..ParamsAdamW::default()
     };
     let mut opt = AdamW::new(varmap.all_vars(), params).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for _ in 0..300 {
+    for _ in 0..steps {
         let batch = clusters(&mut rng, 32);
         let out = layer.forward(&batch.x, None).unwrap();
         let mse = (out.y - &batch.y)
@@ -205,8 +205,8 @@ fn train(aux_loss_weight: f64) -> Outcome {
 #[test]
 fn the_aux_loss_balances_experts_that_collapse_without_it() {
     let uniform = 1.0 / 8.0;
-    let balanced = train(1.0);
-    let collapsed = train(0.0);
+    let balanced = train(1.0, 0.5, 0.01, 600, 2);
+    let collapsed = train(0.0, 0.5, 0.01, 600, 2);
     eprintln!(
         "with aux: max load {:.3}, purity {:.3}; without: max load {:.3}, purity {:.3}",
         balanced.max_load, balanced.purity, collapsed.max_load, collapsed.purity

@@ -82,7 +82,7 @@ impl CausalSelfAttention {
     }
 
     /// x (B, T, D) → (B, T, D)
-    pub fn forward(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, rng: Option<&mut DropoutRng>) -> Result<Tensor> {
         let (b, t, d) = x.dims3()?;
         let (h, hd) = (self.n_heads, self.head_dim);
         let qkv = self.c_attn.forward(x)?; // (B, T, 3D)
@@ -99,7 +99,7 @@ impl CausalSelfAttention {
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?; // (T, T)
         let att = q.matmul(&k.t()?)?.broadcast_add(&mask)?; // (BH, T, T)
         let att = candle_nn::ops::softmax(&att, D::Minus1)?;
-        let att = maybe_dropout(&att, self.dropout, rng.as_deref_mut())?;
+        let att = maybe_dropout(&att, self.dropout, rng)?;
         let y = att.matmul(&v)?; // (BH, T, hd)
         let y = y
             .reshape((b, h, t, hd))?

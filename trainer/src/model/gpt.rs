@@ -68,7 +68,7 @@ impl Block {
                 (out.y, Some((out.aux_loss, out.stats)))
             }
         };
-        let x = (x + maybe_dropout(&m, self.dropout, rng.as_deref_mut())?)?;
+        let x = (x + maybe_dropout(&m, self.dropout, rng)?)?;
         Ok((x, moe))
     }
 }
