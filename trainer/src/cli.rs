@@ -119,6 +119,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
     let (cfg, resume_from) = resolve_config(&args, &out)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // A second signal while the first is being honoured exits at once (130, as a shell).
+        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
+            .context("installing signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     let server = match (args.server, args.run_id) {
@@ -201,5 +204,102 @@ pub fn run_tokenizer(args: TokenizerArgs) -> Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum Command {
+        Train(TrainArgs),
+        Sample(SampleArgs),
+        Tokenizer(TokenizerArgs),
+    }
+
+    fn parse(argv: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("trainyard").chain(argv.iter().copied()))
+            .map(|c| c.command)
+    }
+
+    #[test]
+    fn the_argument_definitions_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn override_is_an_alias_of_set_and_both_repeat() {
+        let Ok(Command::Train(t)) = parse(&[
+            "train",
+            "--config",
+            "tiny",
+            "--set",
+            "training.max_steps=5",
+            "--override",
+            "model.dropout=0.1",
+            "--out",
+            "runs/x",
+            "--resume",
+            "latest",
+        ]) else {
+            panic!("train should parse");
+        };
+        assert_eq!(t.set, vec!["training.max_steps=5", "model.dropout=0.1"]);
+        assert_eq!(t.resume.as_deref(), Some("latest"));
+    }
+
+    #[test]
+    fn a_server_without_a_run_id_is_refused() {
+        assert!(parse(&["train", "--config", "tiny", "--server", "http://x"]).is_err());
+    }
+
+    #[test]
+    fn sample_and_tokenizer_commands_parse() {
+        let Ok(Command::Sample(s)) = parse(&[
+            "sample",
+            "--checkpoint",
+            "runs/x",
+            "--prompt",
+            "Hi",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.9",
+        ]) else {
+            panic!("sample should parse");
+        };
+        assert_eq!((s.top_k, s.top_p, s.prompt.as_str()), (5, 0.9, "Hi"));
+        let Ok(Command::Tokenizer(t)) = parse(&[
+            "tokenizer",
+            "train",
+            "--input",
+            "a.txt",
+            "docs/",
+            "--vocab-size",
+            "512",
+        ]) else {
+            panic!("tokenizer should parse");
+        };
+        let TokenizerCommand::Train(t) = t.command;
+        assert_eq!(t.input.len(), 2);
+        assert_eq!(t.vocab_size, 512);
+    }
+
+    #[test]
+    fn resume_latest_without_an_out_dir_is_refused() {
+        let err = run_train(TrainArgs {
+            resume: Some("latest".into()),
+            ..TrainArgs::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--out"), "{err}");
     }
 }

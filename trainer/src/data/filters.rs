@@ -103,24 +103,23 @@ pub fn estimated_jaccard(a: &[u64; NUM_HASHES], b: &[u64; NUM_HASHES]) -> f64 {
     same as f64 / NUM_HASHES as f64
 }
 
-/// Bands × rows = NUM_HASHES whose LSH threshold (1/b)^(1/r) is closest to (but not above) the
-/// similarity threshold, so likely pairs become candidates and the exact estimate decides.
+/// Chance that a pair exactly at the threshold becomes an LSH candidate; the estimate decides.
+const CANDIDATE_RECALL: f64 = 0.95;
+
+/// Probability that two signatures with Jaccard similarity `j` share at least one band.
+fn candidate_probability(j: f64, bands: usize, rows: usize) -> f64 {
+    1.0 - (1.0 - j.powi(rows as i32)).powi(bands as i32)
+}
+
+/// Bands × rows = NUM_HASHES: the longest bands (fewest spurious candidates) that still make a
+/// pair at the threshold a candidate with probability ≥ CANDIDATE_RECALL.
 fn banding(threshold: f64) -> (usize, usize) {
-    let mut best = (NUM_HASHES, 1);
-    let mut best_gap = f64::INFINITY;
-    for rows in 1..=NUM_HASHES {
-        if NUM_HASHES % rows != 0 {
-            continue;
-        }
-        let bands = NUM_HASHES / rows;
-        let lsh = (1.0 / bands as f64).powf(1.0 / rows as f64);
-        let gap = threshold - lsh;
-        if gap >= 0.0 && gap < best_gap {
-            best_gap = gap;
-            best = (bands, rows);
-        }
-    }
-    best
+    (1..=NUM_HASHES)
+        .rev()
+        .filter(|rows| NUM_HASHES % rows == 0)
+        .map(|rows| (NUM_HASHES / rows, rows))
+        .find(|&(bands, rows)| candidate_probability(threshold, bands, rows) >= CANDIDATE_RECALL)
+        .unwrap_or((NUM_HASHES, 1))
 }
 
 /// Kept documents' signatures, indexed by band.
@@ -295,15 +294,14 @@ mod tests {
     }
 
     #[test]
-    fn banding_keeps_the_lsh_threshold_at_or_below_the_requested_one() {
+    fn banding_finds_pairs_at_the_threshold_without_comparing_everything() {
         for threshold in [0.5, 0.7, 0.8, 0.9, 0.95] {
             let (bands, rows) = banding(threshold);
             assert_eq!(bands * rows, NUM_HASHES);
-            let lsh = (1.0 / bands as f64).powf(1.0 / rows as f64);
-            assert!(
-                lsh <= threshold && threshold - lsh < 0.25,
-                "{threshold}: {lsh}"
-            );
+            assert!(candidate_probability(threshold, bands, rows) >= CANDIDATE_RECALL);
+            // Dissimilar pairs rarely become candidates.
+            let far = candidate_probability(0.1, bands, rows);
+            assert!(far < 0.5, "{threshold}: ({bands}, {rows}) gives {far}");
         }
     }
 }

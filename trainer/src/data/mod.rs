@@ -257,9 +257,11 @@ mod tests {
         cfg
     }
 
+    type Mutation = fn(&mut Config);
+
     #[test]
     fn out_of_range_settings_are_rejected_with_their_key() {
-        let cases: [(&str, fn(&mut Config), &str); 4] = [
+        let cases: [(&str, Mutation, &str); 4] = [
             (
                 "zero val",
                 |c| c.data.val_fraction = 0.0,
@@ -307,5 +309,122 @@ mod tests {
         let err = prepare(&config("no/such/file.txt"), None).expect_err("missing");
         assert_eq!(err.key(), "data.dataset");
         assert!(err.to_string().contains("no/such/file.txt"), "{err}");
+    }
+
+    fn text_config(dir: &Path, tokenizer: &str) -> Config {
+        let mut cfg = config(&dir.join("corpus").display().to_string());
+        cfg.data.cache_dir = dir.join("cache").display().to_string();
+        cfg.data.tokenizer = tokenizer.to_string();
+        cfg.model.vocab_size = 300;
+        cfg
+    }
+
+    fn write_corpus(dir: &Path, n: usize) {
+        let corpus = dir.join("corpus");
+        std::fs::create_dir_all(&corpus).unwrap();
+        for i in 0..n {
+            let text = format!("document {i}: the quick brown fox jumps over the lazy dog\n");
+            std::fs::write(corpus.join(format!("{i:03}.txt")), text.repeat(5)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_second_prepare_reads_the_cache_and_a_data_change_rebuilds_it() {
+        for tokenizer in ["bytes", "bpe"] {
+            let dir = tempfile::tempdir().unwrap();
+            write_corpus(dir.path(), 20);
+            let cfg = text_config(dir.path(), tokenizer);
+
+            let first = prepare(&cfg, None).unwrap();
+            assert!(!first.stats.cache_hit, "{tokenizer}");
+            assert_eq!(first.stats.documents, 20);
+            assert!(first.train.is_mapped() && first.stats.val_documents > 0);
+
+            let second = prepare(&cfg, None).unwrap();
+            assert!(second.stats.cache_hit, "{tokenizer}");
+            assert_eq!(second.train.to_vec(), first.train.to_vec());
+            assert_eq!(second.val.to_vec(), first.val.to_vec());
+            assert_eq!(
+                second.tokenizer.to_json().unwrap(),
+                first.tokenizer.to_json().unwrap()
+            );
+
+            std::fs::write(dir.path().join("corpus/005.txt"), "an edited document").unwrap();
+            let third = prepare(&cfg, None).unwrap();
+            assert!(
+                !third.stats.cache_hit,
+                "{tokenizer}: edited data must re-tokenize"
+            );
+            assert_ne!(third.stats.cache_key, first.stats.cache_key);
+        }
+    }
+
+    #[test]
+    fn packed_splits_decode_to_the_documents_with_separators() {
+        let dir = tempfile::tempdir().unwrap();
+        write_corpus(dir.path(), 10);
+        let prepared = prepare(&text_config(dir.path(), "bpe"), None).unwrap();
+        let tokenizer = &prepared.tokenizer;
+        let eot = tokenizer.eot_id();
+        let ids = prepared.train.to_vec();
+        assert_eq!(ids.last(), Some(&eot));
+        let docs: Vec<String> = ids
+            .split(|&t| t == eot)
+            .filter(|d| !d.is_empty())
+            .map(|d| tokenizer.decode(d).unwrap())
+            .collect();
+        assert_eq!(docs.len(), prepared.stats.train_documents);
+        assert!(docs
+            .iter()
+            .all(|d| d.starts_with("document ") && d.ends_with("dog\n")));
+    }
+
+    #[test]
+    fn filters_and_duplicates_are_counted_in_the_stats() {
+        let dir = tempfile::tempdir().unwrap();
+        write_corpus(dir.path(), 6);
+        let corpus = dir.path().join("corpus");
+        std::fs::copy(corpus.join("000.txt"), corpus.join("copy.txt")).unwrap();
+        std::fs::write(corpus.join("short.txt"), "hi").unwrap();
+        let mut cfg = text_config(dir.path(), "bytes");
+        cfg.data.min_length = 10;
+        let stats = prepare(&cfg, None).unwrap().stats;
+        assert_eq!(stats.documents, 8);
+        assert_eq!(stats.filtered.too_short, 1);
+        assert_eq!(stats.filtered.exact_duplicates, 1);
+        assert_eq!(stats.train_documents + stats.val_documents, 6);
+    }
+
+    #[test]
+    fn a_tokenizer_hint_or_file_replaces_training_and_must_fit_the_model() {
+        let dir = tempfile::tempdir().unwrap();
+        write_corpus(dir.path(), 10);
+        let trained = prepare(&text_config(dir.path(), "bpe"), None).unwrap();
+        let saved = dir.path().join("tokenizer.json");
+        trained.tokenizer.save(&saved).unwrap();
+
+        let from_hint = prepare(&text_config(dir.path(), "bytes"), Some(&saved)).unwrap();
+        assert_eq!(
+            from_hint.tokenizer.vocab_size(),
+            trained.tokenizer.vocab_size()
+        );
+        assert_eq!(from_hint.train.to_vec(), trained.train.to_vec());
+
+        let mut small = text_config(dir.path(), &saved.display().to_string());
+        small.model.vocab_size = 256;
+        let err = prepare(&small, None).unwrap_err();
+        assert_eq!(err.key(), "model.vocab_size", "{err}");
+    }
+
+    #[test]
+    fn the_demo_dataset_prepares_with_raw_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config("demo");
+        cfg.data.cache_dir = dir.path().display().to_string();
+        let prepared = prepare(&cfg, None).unwrap();
+        assert!(prepared.stats.train_tokens + prepared.stats.val_tokens >= 100_000);
+        assert!(prepared.stats.val_documents >= 1);
+        let entropy = demo::unigram_entropy(&prepared.val.to_vec());
+        assert!(entropy > 2.0 && entropy < 256f64.ln(), "{entropy}");
     }
 }

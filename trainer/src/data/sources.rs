@@ -58,7 +58,12 @@ pub fn load_paths(inputs: &[PathBuf], text_column: &str) -> Result<Vec<Document>
 /// files found by walking or globbing only when they look like text.
 fn resolve(spec: &str) -> Result<Vec<PathBuf>> {
     if spec.contains(['*', '?', '[']) {
-        let paths = glob::glob(spec).map_err(|e| {
+        // Hidden files only when the pattern names the dot, as in a directory walk.
+        let options = glob::MatchOptions {
+            require_literal_leading_dot: true,
+            ..glob::MatchOptions::new()
+        };
+        let paths = glob::glob_with(spec, options).map_err(|e| {
             DataError::invalid("data.dataset", format!("invalid glob {spec:?}: {e}"))
         })?;
         let mut files = Vec::new();

@@ -87,7 +87,7 @@ fn validation_loss_on_the_demo_text_falls_below_its_unigram_entropy() {
         "model.d_ff=256",
         "model.max_seq_len=64",
         "training.seq_len=64",
-        "training.batch_size=16",
+        "training.batch_size=8",
         "training.max_steps=300",
         "training.warmup_steps=20",
         "training.learning_rate=5e-3",
@@ -263,4 +263,55 @@ fn a_config_error_names_the_key_before_any_work() {
     let err = format!("{:#}", resolve_config(&args, dir.path()).unwrap_err());
     assert!(err.contains("training.seq_len"), "{err}");
     assert!(!dir.path().join("metrics.jsonl").exists());
+}
+
+#[test]
+fn an_moe_run_reports_routing_telemetry_and_its_checkpoint_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::from_profile("tiny-moe").unwrap();
+    let set: Vec<String> = [
+        "training.device=cpu",
+        "training.threads=2",
+        "training.max_steps=4",
+        "training.warmup_steps=1",
+        "training.eval_steps=0",
+        "logging.moe_every=2",
+        "logging.progress=never",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    cfg.apply_overrides(&set).unwrap();
+    cfg.validate().unwrap();
+    let experts = cfg.model.moe.as_ref().unwrap().num_experts;
+    run(cfg, &opts(dir.path())).unwrap();
+    let lines = metrics(dir.path());
+    assert_eq!(lines.len(), 4);
+    assert!(
+        !lines[0].metrics.contains_key("moe/aux_loss"),
+        "only every 2 steps"
+    );
+    let m = &lines[1].metrics;
+    for key in [
+        "moe/aux_loss",
+        "moe/z_loss",
+        "moe/layer0/dropped",
+        "moe/layer0/entropy",
+    ] {
+        assert!(m.contains_key(key), "{key} missing: {:?}", m.keys());
+    }
+    let share: f64 = (0..experts)
+        .map(|e| m[&format!("moe/layer0/expert{e}")])
+        .sum();
+    assert!(
+        (share - 1.0).abs() < 1e-4,
+        "expert shares sum to 1: {share}"
+    );
+    let loaded = crate::sample::load(dir.path(), Device::Cpu).unwrap();
+    let params = crate::sample::SamplingParams {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+    loaded.generate("x", 4, params, 1).unwrap();
 }
