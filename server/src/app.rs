@@ -157,7 +157,6 @@ impl Application {
             .await
             .with_context(|| format!("binding {}", settings.addr))?;
         let port = listener.local_addr()?.port();
-        tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "trainyard listening");
         let state = AppState::new(store, settings);
         // Launched trainers report back over loopback even when we listen on all interfaces.
         let mut local = listener.local_addr()?;
@@ -186,7 +185,22 @@ impl Application {
 
     /// Serves until SIGINT or SIGTERM, then finishes in-flight requests.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        self.run_until(shutdown_signal()).await
+        // Registered before the `listening` line: a SIGTERM sent as soon as a script sees that
+        // line must shut down gracefully, not hit the default action.
+        #[cfg(unix)]
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("listening for SIGTERM")?;
+        let stop = async move {
+            #[cfg(unix)]
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            #[cfg(not(unix))]
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutdown signal received; finishing in-flight requests");
+        };
+        self.run_until(stop).await
     }
 
     /// Serves until `shutdown` completes.
@@ -194,6 +208,8 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        // Logged once the server is about to serve: scripts wait for this line.
+        tracing::info!(addr = %self.listener.local_addr()?, backend = self.state.store.backend(), "trainyard listening");
         let live = Arc::clone(&self.state.live);
         let shutdown = async move {
             shutdown.await;
@@ -213,34 +229,6 @@ fn backend_name(url: &str) -> &'static str {
     } else {
         "SQLite"
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sig) => {
-                sig.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
-    }
-    tracing::info!("shutdown signal received; finishing in-flight requests");
 }
 
 #[cfg(test)]
