@@ -1,7 +1,7 @@
 //! Store benchmark: ingest with 4 concurrent writers and 1,000-point batches, read-back, and a
 //! `max_points = 1000` read of a 1,000,000-point series, on SQLite and on Postgres.
 //!
-//! `cargo bench -p trainyard --bench store` (Postgres from `TEST_DATABASE_URL`, default
+//! `cargo bench -p trainyard --bench store --profile dev` (Postgres from `TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; a scratch database is created and dropped).
 
 use sqlx::Connection;
@@ -115,12 +115,12 @@ async fn search(store: &DynStore) {
     for (label, sort, filter) in [
         ("created_at desc", SortKey::CreatedAt, None),
         (
-            "metric val/loss asc",
+            "metric val/loss desc",
             SortKey::Metric("val/loss".into()),
             None,
         ),
         (
-            "param training.lr asc",
+            "param training.lr desc",
             SortKey::Param("training.lr".into()),
             None,
         ),

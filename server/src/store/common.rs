@@ -428,7 +428,47 @@ pub fn valid_name<'a>(field: &'static str, name: &'a str) -> StoreResult<&'a str
             message: "must not be empty".to_string(),
         });
     }
+    no_nul(field, name)?;
     Ok(name)
+}
+
+/// Postgres text cannot hold NUL characters: refuse them on both backends as a client error.
+pub fn no_nul(field: &'static str, text: &str) -> StoreResult<()> {
+    if text.contains('\0') {
+        return Err(StoreError::Invalid {
+            field,
+            message: "must not contain NUL characters".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the free text a run create or update carries.
+pub fn check_run_text(
+    tags: Option<&BTreeMap<String, String>>,
+    notes: Option<&str>,
+    config: Option<&serde_json::Value>,
+) -> StoreResult<()> {
+    for (k, v) in tags.into_iter().flatten() {
+        no_nul("tags", k)?;
+        no_nul("tags", v)?;
+        if k.is_empty() {
+            return Err(StoreError::Invalid {
+                field: "tags",
+                message: "a tag key must not be empty".to_string(),
+            });
+        }
+    }
+    if let Some(notes) = notes {
+        no_nul("notes", notes)?;
+    }
+    if let Some(config) = config {
+        for (k, v) in super::flatten_params(config) {
+            no_nul("config", &k)?;
+            no_nul("config", &v)?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether `config` should be stored: true when the run has none yet, false when it has this

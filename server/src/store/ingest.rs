@@ -45,6 +45,9 @@ pub fn prepare_batch(points: &[super::MetricPoint], now_ms: i64) -> StoreResult<
         if p.key.is_empty() {
             return Err(bad("key must not be empty".into()));
         }
+        if p.key.contains('\0') {
+            return Err(bad("key must not contain NUL characters".into()));
+        }
         if p.step < 0 {
             return Err(bad(format!("step must be >= 0, got {}", p.step)));
         }

@@ -303,6 +303,7 @@ impl Store for SqliteStore {
             Some(n) => common::valid_name("name", n)?.to_string(),
             None => format!("run-{}", &id[..8]),
         };
+        common::check_run_text(Some(&new.tags), None, new.config.as_ref())?;
         let status = new.status.unwrap_or(RunStatus::Created);
         let config = new.config.as_ref().map(|c| c.to_string());
         let now = now_ms();
@@ -355,6 +356,11 @@ impl Store for SqliteStore {
     }
 
     async fn update_run(&self, id: &str, update: RunUpdate) -> StoreResult<Run> {
+        common::check_run_text(
+            update.tags.as_ref(),
+            update.notes.as_deref(),
+            update.config.as_ref(),
+        )?;
         let mut tx = self.write.begin().await?;
         let stored: Option<String> =
             sqlx::query_scalar::<_, Option<String>>("SELECT config FROM runs WHERE id = ?")

@@ -284,3 +284,73 @@ pub async fn racing_config_writes_leave_one_winner_and_conflicts_for_the_rest(st
         Some(json!({"seed": seed.parse::<i64>().expect("number")}))
     );
 }
+
+pub async fn text_the_database_cannot_hold_is_invalid_not_a_database_error(store: DynStore) {
+    let id = new_run(&store, "nul").await;
+    let nul = "a\0b".to_string();
+    let cases: Vec<(&str, Result<(), StoreError>)> = vec![
+        (
+            "experiment",
+            store.create_experiment(&nul).await.map(|_| ()),
+        ),
+        (
+            "tags",
+            store
+                .update_run(
+                    &id,
+                    RunUpdate {
+                        tags: Some(tags(&[("k", "a\0b")])),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "notes",
+            store
+                .update_run(
+                    &id,
+                    RunUpdate {
+                        notes: Some(nul.clone()),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "config",
+            store
+                .create_run(NewRun {
+                    experiment_id: "0".into(),
+                    config: Some(json!({"data": {"name": nul.clone()}})),
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "metric key",
+            store
+                .append_points(
+                    &id,
+                    &[MetricPoint {
+                        key: nul.clone(),
+                        step: 0,
+                        value: 1.0,
+                        time: None,
+                    }],
+                    0,
+                )
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (what, result) in cases {
+        assert!(
+            matches!(result, Err(StoreError::Invalid { .. })),
+            "{what}: {result:?}"
+        );
+    }
+}
