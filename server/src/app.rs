@@ -185,22 +185,8 @@ impl Application {
 
     /// Serves until SIGINT or SIGTERM, then finishes in-flight requests.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        // Registered before the `listening` line: a SIGTERM sent as soon as a script sees that
-        // line must shut down gracefully, not hit the default action.
-        #[cfg(unix)]
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("listening for SIGTERM")?;
-        let stop = async move {
-            #[cfg(unix)]
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            }
-            #[cfg(not(unix))]
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutdown signal received; finishing in-flight requests");
-        };
-        self.run_until(stop).await
+        let shutdown = shutdown_signal()?;
+        self.run_until(shutdown).await
     }
 
     /// Serves until `shutdown` completes.
@@ -208,8 +194,11 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        // Logged once the server is about to serve: scripts wait for this line.
-        tracing::info!(addr = %self.listener.local_addr()?, backend = self.state.store.backend(), "trainyard listening");
+        tracing::info!(
+            addr = %self.listener.local_addr()?,
+            backend = self.state.store.backend(),
+            "trainyard listening"
+        );
         let live = Arc::clone(&self.state.live);
         let shutdown = async move {
             shutdown.await;
@@ -229,6 +218,32 @@ fn backend_name(url: &str) -> &'static str {
     } else {
         "SQLite"
     }
+}
+
+/// Registers the SIGINT/SIGTERM handlers now (a signal arriving before registration would kill
+/// the process outright) and returns a future that completes on the first of them.
+#[cfg(unix)]
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {},
+            _ = terminate.recv() => {},
+        }
+        tracing::info!("shutdown signal received; finishing in-flight requests");
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tracing::info!("shutdown signal received; finishing in-flight requests");
+    })
 }
 
 #[cfg(test)]

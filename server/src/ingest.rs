@@ -36,6 +36,7 @@ pub async fn ingest_points(
     points: &[MetricPoint],
 ) -> Result<IngestOutcome, IngestError> {
     validate_points(points)?;
+    let _order = live.write_order(run_id).await;
     let stored = store.append_points(run_id, points, now_ms()).await?;
     let outcome = IngestOutcome {
         accepted: points.len(),

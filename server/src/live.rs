@@ -16,6 +16,8 @@ use crate::store::{RunEvent, StoredPoint};
 const RUN_CHANNEL_CAPACITY: usize = 256;
 /// Status events buffered on the global channel.
 const GLOBAL_CHANNEL_CAPACITY: usize = 1024;
+/// Write-order locks, shared by hashing run ids (no per-run bookkeeping to clean up).
+const WRITE_STRIPES: usize = 256;
 
 /// What a run's subscribers receive.
 #[derive(Debug, Clone)]
@@ -31,6 +33,7 @@ pub struct LiveHub {
     global: broadcast::Sender<Arc<RunEvent>>,
     /// Flips to `true` when the server shuts down, so endless SSE streams end and let it finish.
     closing: watch::Sender<bool>,
+    write_order: Vec<tokio::sync::Mutex<()>>,
 }
 
 impl Default for LiveHub {
@@ -46,6 +49,9 @@ impl LiveHub {
             runs: Mutex::new(HashMap::new()),
             global,
             closing: watch::channel(false).0,
+            write_order: (0..WRITE_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
         }
     }
 
@@ -54,6 +60,18 @@ impl LiveHub {
         self.runs
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Held across "store, then publish" for one run. The store gives a run's writes
+    /// increasing seqs in commit order; this lock makes the hub publish them in that same
+    /// order, so a subscriber that drops every seq it has already passed never drops one it
+    /// has not seen.
+    pub async fn write_order(&self, run_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        run_id.hash(&mut hasher);
+        let stripe = (hasher.finish() % WRITE_STRIPES as u64) as usize;
+        self.write_order[stripe].lock().await
     }
 
     /// Subscribes to one run's points and status changes.

@@ -16,6 +16,7 @@ pub async fn change_status(
     reason: Option<&str>,
     exit: Option<ExitInfo>,
 ) -> StoreResult<RunEvent> {
+    let _order = live.write_order(run_id).await;
     let event = store.set_status(run_id, status, reason, exit).await?;
     tracing::info!(from = ?event.from_status, to = %event.to_status, "run status changed");
     live.publish_status(event.clone());

@@ -10,6 +10,7 @@ on_both_backends!(
     reconnecting_with_last_event_id_misses_nothing_and_repeats_nothing,
     after_step_replays_only_later_steps,
     status_changes_reach_the_run_stream_and_the_all_runs_stream,
+    concurrent_writers_to_one_run_reach_a_subscriber_exactly_once,
 );
 
 async fn a_subscriber_receives_points_posted_afterwards_in_order(app: &TestApp) {
@@ -48,6 +49,36 @@ async fn reconnecting_with_last_event_id_misses_nothing_and_repeats_nothing(app:
     app.post_points(&run, &after).await;
     let (steps, _) = resumed.collect_points(20).await;
     assert_eq!(steps, (10..30).collect::<Vec<i64>>());
+}
+
+async fn concurrent_writers_to_one_run_reach_a_subscriber_exactly_once(app: &TestApp) {
+    let run = app.create_run("sse").await;
+    let mut stream = app.sse(&format!("/api/v1/runs/{run}/events"), None).await;
+    let writers = 4;
+    let batches = 25;
+    let per_batch = 20;
+    let posts = (0..writers).map(|w| {
+        let run = run.clone();
+        async move {
+            for b in 0..batches {
+                let first = (w * batches + b) * per_batch;
+                let points: Vec<(&str, i64, f64)> = (first..first + per_batch)
+                    .map(|s| ("loss", s, 1.0))
+                    .collect();
+                app.post_points(&run, &points).await;
+            }
+        }
+    });
+    futures::future::join_all(posts).await;
+    let total = (writers * batches * per_batch) as usize;
+    let (mut steps, _) = stream.collect_points(total).await;
+    assert_eq!(steps.len(), total, "no point twice");
+    steps.sort_unstable();
+    assert_eq!(
+        steps,
+        (0..total as i64).collect::<Vec<i64>>(),
+        "no point missed"
+    );
 }
 
 async fn after_step_replays_only_later_steps(app: &TestApp) {

@@ -57,7 +57,8 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let token = settings.admin_token.clone();
     let app = Application::build(settings).await.expect("server builds");
     let address = format!("http://127.0.0.1:{}", app.port());
-    tokio::spawn(app.run_until_stopped());
+    // Not `run_until_stopped`: its signal handlers would keep Ctrl-C from ending the tests.
+    tokio::spawn(app.run_until(std::future::pending()));
     TestApp {
         address,
         client: reqwest::Client::builder()
