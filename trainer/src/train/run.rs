@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{device, StepStats, Trainer};
 use crate::checkpoint;
-use crate::config::Config;
+use crate::config::{Config, Precision};
 use crate::report::{unix_ms, Reporter, ServerTarget};
 use crate::wire::{MetricsLine, RunPatch, RunStatus};
 
@@ -47,6 +47,8 @@ pub struct RunOutcome {
 /// stopping, or a stop request. The server, when given, hears `running` at the start and the
 /// final status at the end (`failed` with the error when training fails).
 pub fn run(cfg: Config, opts: &RunOptions) -> Result<RunOutcome> {
+    // Before any other thread exists (the reporter's) and before any tensor work.
+    let threads = device::configure_threads(cfg.training.threads);
     std::fs::create_dir_all(&opts.out_dir)
         .with_context(|| format!("creating {}", opts.out_dir.display()))?;
     let resume_step = match &opts.resume_from {
@@ -59,7 +61,7 @@ pub fn run(cfg: Config, opts: &RunOptions) -> Result<RunOutcome> {
         config: serde_json::to_value(&cfg).ok(),
         ..RunPatch::default()
     });
-    match train(cfg, opts, &mut reporter) {
+    match train(cfg, opts, threads, &mut reporter) {
         Ok(outcome) => {
             reporter.finish(outcome.status, Some(outcome.reason.clone()));
             Ok(outcome)
@@ -71,9 +73,19 @@ pub fn run(cfg: Config, opts: &RunOptions) -> Result<RunOutcome> {
     }
 }
 
-fn train(cfg: Config, opts: &RunOptions, reporter: &mut Reporter) -> Result<RunOutcome> {
+fn train(
+    cfg: Config,
+    opts: &RunOptions,
+    threads: usize,
+    reporter: &mut Reporter,
+) -> Result<RunOutcome> {
     let out = &opts.out_dir;
-    let threads = device::configure_threads(cfg.training.threads);
+    if cfg.training.precision != Precision::F32 {
+        tracing::warn!(
+            precision = ?cfg.training.precision,
+            "training.precision: only f32 is implemented; training in f32"
+        );
+    }
     let dev = device::resolve_device(&cfg.training.device)?;
     std::fs::write(out.join("config.yaml"), cfg.to_yaml()?)
         .with_context(|| format!("writing {}", out.join("config.yaml").display()))?;
