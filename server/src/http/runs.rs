@@ -46,6 +46,55 @@ pub struct CreateRun {
     pub config: Option<serde_json::Value>,
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// Launch the run on this server's GPUs/CPU slots (then `config` may also be YAML text).
+    #[serde(default)]
+    pub launch: bool,
+    /// Launch: a built-in profile instead of `config`.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Launch: dotted config keys to override, e.g. `{"training.max_steps": 50}`.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub overrides: BTreeMap<String, serde_json::Value>,
+    /// Launch: `{gpus: N}` (0 = CPU).
+    #[serde(default)]
+    pub resources: Option<super::launch::Resources>,
+    /// Launch: relaunch a failed run (with `--resume latest`) up to this many times.
+    #[serde(default)]
+    pub max_restarts: Option<u32>,
+    /// Launch: a custom entrypoint (shell line or argv) instead of the trainer.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub command: Option<super::launch::CommandSpec>,
+}
+
+impl CreateRun {
+    /// A launch-only field on a request that does not launch (a likely mistake, never ignored).
+    fn launch_only_field(&self) -> Option<&'static str> {
+        [
+            ("profile", self.profile.is_some()),
+            ("overrides", !self.overrides.is_empty()),
+            ("resources", self.resources.is_some()),
+            ("max_restarts", self.max_restarts.is_some()),
+            ("command", self.command.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(field, set)| set.then_some(field))
+    }
+
+    fn into_launch(self) -> super::launch::LaunchRequest {
+        super::launch::LaunchRequest {
+            experiment: self.experiment,
+            name: self.name,
+            tags: self.tags,
+            config: self.config,
+            profile: self.profile,
+            overrides: self.overrides,
+            resources: self.resources,
+            max_restarts: self.max_restarts,
+            command: self.command,
+        }
+    }
 }
 
 /// Query string of `GET /api/v1/runs`. Everything is a string so each bad value gets an error
@@ -156,6 +205,15 @@ pub async fn create_run(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
+    if body.launch {
+        return super::launch::create_launched_run(&state, body.into_launch()).await;
+    }
+    if let Some(field) = body.launch_only_field() {
+        return Err(ApiError::bad_request(
+            field,
+            format!("`{field}` is only used with `launch: true`"),
+        ));
+    }
     let experiment = body.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT);
     validate_name("experiment", experiment)?;
     if let Some(name) = &body.name {

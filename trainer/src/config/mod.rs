@@ -194,6 +194,8 @@ pub struct TrainingConfig {
     pub eps: f64,
     /// SGD momentum.
     pub momentum: f64,
+    /// SGD Nesterov momentum.
+    pub nesterov: bool,
     /// Decoupled weight decay; never applied to biases, norms or embeddings.
     pub weight_decay: f64,
     /// Clip the global gradient norm to this value (0 = off).
@@ -239,6 +241,7 @@ impl Default for TrainingConfig {
             beta2: 0.95,
             eps: 1e-8,
             momentum: 0.9,
+            nesterov: false,
             weight_decay: 0.1,
             grad_clip: 1.0,
             grad_accum_steps: 1,
@@ -320,3 +323,12 @@ impl Default for LoggingConfig {
         }
     }
 }
+
+mod error;
+mod load;
+mod overrides;
+mod validate;
+
+pub use error::ConfigError;
+pub use load::PROFILES;
+pub use validate::DeviceSpec;

@@ -1,0 +1,54 @@
+//! The position-wise feed-forward network: GELU (GPT-2) or SwiGLU (LLaMA). MoE experts reuse it.
+
+use candle_core::{Module, Result, Tensor, D};
+use candle_nn::VarBuilder;
+
+use super::Linear;
+use crate::config::Activation;
+
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    /// d → d_ff (GELU) or d → 2·d_ff (SwiGLU: gate rows first, then up rows; one GEMM).
+    c_fc: Linear,
+    /// d_ff → d
+    c_proj: Linear,
+    activation: Activation,
+    d_ff: usize,
+}
+
+impl Mlp {
+    pub fn new(
+        d_model: usize,
+        d_ff: usize,
+        activation: Activation,
+        bias: bool,
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        let fc_out = match activation {
+            Activation::Gelu => d_ff,
+            Activation::Swiglu => 2 * d_ff,
+        };
+        Ok(Mlp {
+            c_fc: Linear::new(d_model, fc_out, bias, vb.pp("c_fc"))?,
+            c_proj: Linear::new(d_ff, d_model, bias, vb.pp("c_proj"))?,
+            activation,
+            d_ff,
+        })
+    }
+}
+
+impl Module for Mlp {
+    /// (.., d) → (.., d)
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.c_fc.forward(x)?; // (.., d_ff or 2·d_ff)
+        let h = match self.activation {
+            Activation::Gelu => h.gelu()?, // tanh approximation, as GPT-2
+            Activation::Swiglu => {
+                let gate = h.narrow(D::Minus1, 0, self.d_ff)?;
+                let up = h.narrow(D::Minus1, self.d_ff, self.d_ff)?;
+                (gate.silu()? * up)?
+            }
+        };
+        self.c_proj.forward(&h)
+    }
+}

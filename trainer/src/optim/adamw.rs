@@ -1,0 +1,209 @@
+//! AdamW (Loshchilov & Hutter): Adam with bias correction and decoupled weight decay, applied only
+//! to parameters marked `decay`.
+
+use std::collections::HashMap;
+
+use candle_core::{Device, Result, Tensor};
+
+use super::{
+    assign, grad_f32, load_buffers, load_step, state_map, zeros_like_f32, Optimizer, Param,
+};
+
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWParams {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+pub struct AdamW {
+    params: Vec<Param>,
+    hp: AdamWParams,
+    /// First moments, one per parameter (f32).
+    m: Vec<Tensor>,
+    /// Second moments, one per parameter (f32).
+    v: Vec<Tensor>,
+    step: u64,
+}
+
+impl AdamW {
+    pub fn new(params: Vec<Param>, hp: AdamWParams) -> Result<Self> {
+        let m = params
+            .iter()
+            .map(|p| zeros_like_f32(&p.var))
+            .collect::<Result<Vec<_>>>()?;
+        let v = m.clone();
+        Ok(AdamW {
+            params,
+            hp,
+            m,
+            v,
+            step: 0,
+        })
+    }
+}
+
+impl Optimizer for AdamW {
+    fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    fn step(&mut self, grads: &[Option<Tensor>], lr: f64) -> Result<()> {
+        self.step += 1;
+        let AdamWParams {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.hp;
+        let t = self.step as i32;
+        let bc1 = 1.0 - beta1.powi(t);
+        let bc2 = 1.0 - beta2.powi(t);
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(g) = grads.get(i).and_then(|g| g.as_ref()) else {
+                continue;
+            };
+            let g = grad_f32(g)?;
+            // m ← β1·m + (1-β1)·g ;  v ← β2·v + (1-β2)·g²
+            let m = (self.m[i].affine(beta1, 0.0)? + g.affine(1.0 - beta1, 0.0)?)?;
+            let v = (self.v[i].affine(beta2, 0.0)? + g.sqr()?.affine(1.0 - beta2, 0.0)?)?;
+            // step = lr·m̂ / (√v̂ + ε) with m̂ = m/bc1, v̂ = v/bc2 folded into two affines.
+            let denom = v.sqrt()?.affine(1.0 / bc2.sqrt(), eps)?;
+            let update = (m.affine(lr / bc1, 0.0)? / denom)?;
+            let w = p.var.as_tensor();
+            let w = if w.dtype() == candle_core::DType::F32 {
+                w.clone()
+            } else {
+                w.to_dtype(candle_core::DType::F32)?
+            };
+            let decayed = if p.decay && weight_decay != 0.0 {
+                w.affine(1.0 - lr * weight_decay, 0.0)?
+            } else {
+                w
+            };
+            assign(&p.var, &(decayed - update)?)?;
+            self.m[i] = m;
+            self.v[i] = v;
+        }
+        Ok(())
+    }
+
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    fn state(&self) -> Result<HashMap<String, Tensor>> {
+        let device = self
+            .m
+            .first()
+            .map(|t| t.device().clone())
+            .unwrap_or(Device::Cpu);
+        state_map(
+            &self.params,
+            &[("m", &self.m), ("v", &self.v)],
+            self.step,
+            &device,
+        )
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>, device: &Device) -> Result<()> {
+        self.m = load_buffers(&self.params, "m", state, device)?;
+        self.v = load_buffers(&self.params, "v", state, device)?;
+        self.step = load_step(state)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Var};
+
+    fn one_param(decay: bool) -> Param {
+        Param {
+            name: "w".into(),
+            var: Var::new(&[1.0f32, -2.0], &Device::Cpu).unwrap(),
+            decay,
+        }
+    }
+
+    fn hp() -> AdamWParams {
+        AdamWParams {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
+    }
+
+    fn values(p: &Param) -> Vec<f32> {
+        p.var.as_tensor().to_vec1::<f32>().unwrap()
+    }
+
+    fn assert_close(got: &[f32], want: &[f64]) {
+        for (g, w) in got.iter().zip(want) {
+            assert!((*g as f64 - w).abs() < 1e-5, "got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn two_adamw_steps_match_hand_computed_values() {
+        // Expected numbers from the textbook update in plain f64 Python:
+        //   m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g**2
+        //   p = p*(1 - lr*wd) - lr * (m/(1-b1**t)) / (sqrt(v/(1-b2**t)) + eps)
+        // with lr = 0.1, wd = 0.1, g1 = [0.5, 0.1], g2 = [-0.5, 0.3].
+        let mut opt = AdamW::new(vec![one_param(true)], hp()).unwrap();
+        let g1 = Tensor::new(&[0.5f32, 0.1], &Device::Cpu).unwrap();
+        opt.step(&[Some(g1)], 0.1).unwrap();
+        assert_close(&values(&opt.params()[0]), &[0.890000002, -2.07999999]);
+        let g2 = Tensor::new(&[-0.5f32, 0.3], &Device::Cpu).unwrap();
+        opt.step(&[Some(g2)], 0.1).unwrap();
+        assert_close(
+            &values(&opt.params()[0]),
+            &[0.8863631597694736, -2.15097809789441],
+        );
+        let m = opt.m[0].to_vec1::<f32>().unwrap();
+        assert_close(&m, &[-0.005, 0.039]);
+        let v = opt.v[0].to_vec1::<f32>().unwrap();
+        assert_close(&v, &[0.00049975, 0.00009999]);
+        assert_eq!(opt.step_count(), 2);
+    }
+
+    #[test]
+    fn parameters_without_decay_are_not_shrunk() {
+        let mut opt = AdamW::new(vec![one_param(false)], hp()).unwrap();
+        let g = Tensor::new(&[0.5f32, 0.1], &Device::Cpu).unwrap();
+        opt.step(&[Some(g)], 0.1).unwrap();
+        // Without decay, the first step moves each weight by lr·sign(g).
+        assert_close(&values(&opt.params()[0]), &[0.9, -2.1]);
+    }
+
+    #[test]
+    fn a_missing_gradient_leaves_the_parameter_unchanged() {
+        let mut opt = AdamW::new(vec![one_param(true)], hp()).unwrap();
+        opt.step(&[None], 0.1).unwrap();
+        assert_close(&values(&opt.params()[0]), &[1.0, -2.0]);
+    }
+
+    #[test]
+    fn saved_state_restores_the_same_trajectory() {
+        let g = |a: f32, b: f32| Tensor::new(&[a, b], &Device::Cpu).unwrap();
+        let mut a = AdamW::new(vec![one_param(true)], hp()).unwrap();
+        a.step(&[Some(g(0.5, 0.1))], 0.1).unwrap();
+        let state = a.state().unwrap();
+
+        let restored_param = Param {
+            name: "w".into(),
+            var: Var::from_tensor(a.params()[0].var.as_tensor()).unwrap(),
+            decay: true,
+        };
+        let mut b = AdamW::new(vec![restored_param], hp()).unwrap();
+        b.load_state(&state, &Device::Cpu).unwrap();
+        a.step(&[Some(g(-0.5, 0.3))], 0.1).unwrap();
+        b.step(&[Some(g(-0.5, 0.3))], 0.1).unwrap();
+        assert_eq!(values(&a.params()[0]), values(&b.params()[0]));
+        assert_eq!(b.step_count(), 2);
+        assert_eq!(state["m.w"].dtype(), DType::F32);
+    }
+}

@@ -1,0 +1,176 @@
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::HeaderMap;
+use axum::routing::{patch, post};
+use axum::{Json, Router};
+
+use super::*;
+
+fn line(step: i64) -> MetricsLine {
+    let mut metrics = BTreeMap::new();
+    metrics.insert("train/loss".to_string(), 5.0 - step as f64 * 0.01);
+    metrics.insert("lr".to_string(), 1e-3);
+    MetricsLine {
+        step,
+        time: unix_ms(),
+        metrics,
+    }
+}
+
+fn read_lines(dir: &Path) -> Vec<MetricsLine> {
+    fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<MetricsLine>(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn every_logged_step_is_one_parsable_line_in_metrics_jsonl() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Reporter::open(dir.path(), None, None).unwrap();
+    for step in 0..5 {
+        r.log(&line(step)).unwrap();
+    }
+    let mut nan = line(5);
+    nan.metrics.insert("grad_norm".into(), f64::NAN);
+    r.log(&nan).unwrap();
+    r.finish(RunStatus::Finished, None);
+    let lines = read_lines(dir.path());
+    assert_eq!(
+        lines.iter().map(|l| l.step).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4, 5]
+    );
+    assert_eq!(lines[2].metrics["train/loss"], 4.98);
+    assert!(
+        !lines[5].metrics.contains_key("grad_norm"),
+        "NaN is not JSON"
+    );
+}
+
+#[test]
+fn resuming_drops_lines_after_the_checkpoint_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Reporter::open(dir.path(), None, None).unwrap();
+    for step in 1..=8 {
+        r.log(&line(step)).unwrap();
+    }
+    drop(r);
+    let mut r = Reporter::open(dir.path(), Some(5), None).unwrap();
+    r.log(&line(6)).unwrap();
+    let steps: Vec<i64> = read_lines(dir.path()).iter().map(|l| l.step).collect();
+    assert_eq!(steps, vec![1, 2, 3, 4, 5, 6]);
+}
+
+#[derive(Default)]
+struct Received {
+    batches: Vec<MetricBatch>,
+    patches: Vec<RunPatch>,
+    auth: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Received>>;
+
+async fn take_metrics(
+    State(s): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    headers: HeaderMap,
+    Json(batch): Json<MetricBatch>,
+) -> Json<serde_json::Value> {
+    assert_eq!(id, "run42");
+    let mut s = s.lock().unwrap();
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    s.auth.push(auth);
+    s.batches.push(batch);
+    Json(serde_json::json!({}))
+}
+
+async fn take_patch(State(s): State<Shared>, Json(p): Json<RunPatch>) -> Json<serde_json::Value> {
+    s.lock().unwrap().patches.push(p);
+    Json(serde_json::json!({}))
+}
+
+#[test]
+fn points_logged_while_the_server_is_down_arrive_exactly_once_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    // Reserve a port, then free it: connections are refused until the server binds it.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let target = ServerTarget {
+        url: format!("http://{addr}"),
+        run_id: "run42".into(),
+        token: Some("secret".into()),
+        flush_interval: Duration::from_millis(30),
+        final_flush_timeout: Duration::from_secs(20),
+    };
+    let mut r = Reporter::open(dir.path(), None, Some(target)).unwrap();
+    r.patch(RunPatch {
+        status: Some(RunStatus::Running),
+        ..RunPatch::default()
+    });
+    for step in 0..20 {
+        r.log(&line(step)).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let spooled = fs::read_dir(dir.path().join("spool")).unwrap().count();
+    assert!(
+        spooled > 0,
+        "points logged while the server is down are spooled"
+    );
+
+    let received: Shared = Arc::default();
+    let app = Router::new()
+        .route("/api/v1/runs/{id}/metrics", post(take_metrics))
+        .route("/api/v1/runs/{id}", patch(take_patch))
+        .with_state(received.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind(addr)).unwrap();
+    rt.spawn(async move { axum::serve(listener, app).await });
+
+    for step in 20..40 {
+        r.log(&line(step)).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    r.finish(RunStatus::Finished, Some("done".into()));
+
+    let got = received.lock().unwrap();
+    let points: Vec<&MetricPoint> = got.batches.iter().flat_map(|b| &b.points).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &points {
+        assert!(
+            seen.insert((p.key.clone(), p.step)),
+            "{} @ {} sent twice",
+            p.key,
+            p.step
+        );
+    }
+    assert_eq!(points.len(), 80, "40 steps × 2 keys");
+    let steps: Vec<i64> = points.iter().map(|p| p.step).collect();
+    assert!(
+        steps.windows(2).all(|w| w[0] <= w[1]),
+        "in step order: {steps:?}"
+    );
+    assert!(got.auth.iter().all(|a| a == "Bearer secret"));
+    let statuses: Vec<_> = got.patches.iter().filter_map(|p| p.status).collect();
+    assert_eq!(statuses, vec![RunStatus::Running, RunStatus::Finished]);
+    let left = fs::read_dir(dir.path().join("spool"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")
+        })
+        .count();
+    assert_eq!(left, 0, "the spool is drained");
+}

@@ -1,0 +1,103 @@
+//! Where training runs (`training.device`) and how many CPU threads it uses (`training.threads`).
+
+use anyhow::{bail, Result};
+use candle_core::Device;
+
+use crate::config::DeviceSpec;
+
+/// Resolves `training.device`: `auto` takes the first GPU when built with CUDA and one is
+/// present, else the CPU; `cuda[:N]` in a CPU-only build is an error naming the feature.
+pub fn resolve_device(spec: &str) -> Result<Device> {
+    let parsed: DeviceSpec = spec
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("training.device: {e}"))?;
+    match parsed {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        DeviceSpec::Auto => {
+            if candle_core::utils::cuda_is_available() {
+                Ok(Device::cuda_if_available(0)?)
+            } else {
+                Ok(Device::Cpu)
+            }
+        }
+        DeviceSpec::Cuda(n) => {
+            if !candle_core::utils::cuda_is_available() {
+                bail!(
+                    "training.device: `{spec}` needs a build with CUDA support \
+                     (cargo build --release --features cuda); this build is CPU-only"
+                );
+            }
+            Device::new_cuda(n)
+                .map_err(|e| anyhow::anyhow!("training.device: cannot open `{spec}`: {e}"))
+        }
+    }
+}
+
+/// The thread count `training.threads` asks for (0 = every available core).
+pub fn thread_count(requested: usize) -> usize {
+    if requested > 0 {
+        requested
+    } else {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    }
+}
+
+/// Makes candle's CPU kernels use exactly `threads` threads. candle sizes its matmul
+/// parallelism from `RAYON_NUM_THREADS` on every call and runs its kernels on rayon's global
+/// pool, so both are set; this must run before any tensor work (the global pool is built once).
+/// Returns the thread count in effect.
+pub fn configure_threads(requested: usize) -> usize {
+    let n = thread_count(requested);
+    // Safe in edition 2021; done before the trainer starts any threads of its own.
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+    candle_core::utils::init_global_threadpool();
+    let effective = candle_core::utils::get_num_threads();
+    if effective != n {
+        tracing::warn!(
+            requested = n,
+            effective,
+            "could not set the CPU thread count"
+        );
+    }
+    effective
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_and_auto_resolve_on_a_cpu_build() {
+        assert!(resolve_device("cpu").unwrap().is_cpu());
+        if !candle_core::utils::cuda_is_available() {
+            assert!(resolve_device("auto").unwrap().is_cpu());
+        }
+    }
+
+    #[test]
+    fn asking_for_cuda_in_a_cpu_build_names_the_key_and_the_feature() {
+        if candle_core::utils::cuda_is_available() {
+            return;
+        }
+        let err = resolve_device("cuda:1").unwrap_err().to_string();
+        assert!(
+            err.contains("training.device") && err.contains("--features cuda"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_malformed_device_is_refused_with_its_key() {
+        let err = resolve_device("gpu").unwrap_err().to_string();
+        assert!(err.starts_with("training.device"), "{err}");
+    }
+
+    #[test]
+    fn zero_threads_means_every_core() {
+        assert!(thread_count(0) >= 1);
+        assert_eq!(thread_count(3), 3);
+    }
+}

@@ -1,0 +1,311 @@
+//! The training loop, readable top to bottom: [`Trainer`] owns the model, optimizer, data and
+//! counters and exposes one optimizer [`Trainer::step`] (also used by benchmarks);
+//! [`run`](run::run) drives it with evaluation, checkpoints, metrics and stop requests.
+//!
+//! On the CPU a run is deterministic: same config and thread count, same losses, bit for bit,
+//! including across a checkpoint and `--resume` (the sampler position, the dropout seed, the
+//! optimizer moments and the weights are all restored; the learning rate is a function of the
+//! step).
+
+pub mod device;
+pub mod run;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+
+use crate::checkpoint::{self, Snapshot, TrainState};
+use crate::config::Config;
+use crate::data::{self, Batch, BatchSampler, PreparedData};
+use crate::model::{self, DropoutRng, Gpt, MoeLayerStats};
+use crate::optim::{self, clip_grad_norm, lr_at, Optimizer};
+
+pub use run::{run, RunOptions, RunOutcome};
+
+/// What one optimizer step did.
+#[derive(Debug, Clone)]
+pub struct StepStats {
+    /// Optimizer steps completed, this one included (1-based).
+    pub step: u64,
+    /// Mean training loss over the micro-batches (cross-entropy only, no auxiliary losses).
+    pub loss: f32,
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    /// Tokens processed by this step.
+    pub tokens: usize,
+    /// Wall time of the step in seconds.
+    pub seconds: f64,
+    /// Metrics beyond the basics (MoE telemetry), already under their final keys.
+    pub extra: BTreeMap<String, f64>,
+}
+
+/// A model being trained, with everything needed to continue it exactly.
+pub struct Trainer {
+    cfg: Config,
+    device: Device,
+    varmap: VarMap,
+    model: Gpt,
+    optimizer: Box<dyn Optimizer>,
+    data: PreparedData,
+    sampler: BatchSampler,
+    eval_batches: Vec<Batch>,
+    state: TrainState,
+    tokenizer_json: String,
+    num_params: usize,
+}
+
+impl Trainer {
+    /// A fresh run from `cfg` (weights from `training.init_from` when set), on `device`.
+    pub fn new(cfg: Config, device: Device) -> Result<Self> {
+        let init_from = cfg
+            .training
+            .init_from
+            .as_ref()
+            .map(|p| checkpoint::resolve(Path::new("."), p))
+            .transpose()
+            .context("training.init_from")?;
+        let tokenizer_hint = init_from
+            .as_ref()
+            .map(|d| d.join(checkpoint::TOKENIZER_FILE));
+        let trainer = Trainer::build(cfg, device, tokenizer_hint.as_deref(), None)?;
+        if let Some(dir) = init_from {
+            checkpoint::load_weights(&dir, &trainer.varmap, &trainer.device)
+                .context("training.init_from")?;
+            tracing::info!(from = %dir.display(), "initialized weights from checkpoint");
+        }
+        Ok(trainer)
+    }
+
+    /// Continues from the checkpoint in `dir` with `cfg` (normally the checkpoint's own config,
+    /// possibly with overrides such as a larger `training.max_steps`).
+    pub fn resume(cfg: Config, device: Device, dir: &Path) -> Result<Self> {
+        let state = checkpoint::read_state(dir)?;
+        let tokenizer = dir.join(checkpoint::TOKENIZER_FILE);
+        let mut trainer = Trainer::build(cfg, device, Some(&tokenizer), Some(state))?;
+        checkpoint::load_weights(dir, &trainer.varmap, &trainer.device)?;
+        checkpoint::load_optimizer(dir, trainer.optimizer.as_mut(), &trainer.device)?;
+        tracing::info!(from = %dir.display(), step = trainer.state.step, "resumed");
+        Ok(trainer)
+    }
+
+    fn build(
+        cfg: Config,
+        device: Device,
+        tokenizer_hint: Option<&Path>,
+        state: Option<TrainState>,
+    ) -> Result<Self> {
+        let data = data::prepare(&cfg, tokenizer_hint)?;
+        let t = &cfg.training;
+        let eval_batches =
+            data::eval_batches(&data.val, t.batch_size, t.seq_len, t.eval_iters.max(1))?;
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+        let model = Gpt::new(&cfg.model, vb)?;
+        model::init_weights(&varmap, &cfg.model, t.seed)?;
+        let num_params = model::num_params(&varmap);
+        let params = optim::params_from_varmap(&varmap, model::is_decayed);
+        let optimizer = optim::build(t, params)?;
+        let state = state.unwrap_or_else(|| TrainState {
+            step: 0,
+            tokens_seen: 0,
+            sampler: BatchSampler::new(t.batch_size, t.seq_len, t.seed).state(),
+            // A different stream from init and data, derived from the same seed.
+            dropout_seed: t.seed ^ 0x5eed_d0d0_5eed_d0d0,
+            best_val_loss: None,
+            evals_without_improvement: 0,
+            early_stopped: false,
+            val_loss: None,
+        });
+        let sampler = BatchSampler::from_state(t.batch_size, t.seq_len, state.sampler);
+        let tokenizer_json = data.tokenizer.to_json()?;
+        Ok(Trainer {
+            cfg,
+            device,
+            varmap,
+            model,
+            optimizer,
+            data,
+            sampler,
+            eval_batches,
+            state,
+            tokenizer_json,
+            num_params,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn state(&self) -> &TrainState {
+        &self.state
+    }
+
+    pub(crate) fn state_mut(&mut self) -> &mut TrainState {
+        &mut self.state
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.num_params
+    }
+
+    pub fn data(&self) -> &PreparedData {
+        &self.data
+    }
+
+    /// One optimizer step: `grad_accum_steps` forward/backward passes, clipping, the update.
+    pub fn step(&mut self) -> Result<StepStats> {
+        let started = Instant::now();
+        let t = &self.cfg.training;
+        let accum = t.grad_accum_steps.max(1);
+        let step_index = self.state.step; // 0-based index of this step
+        let lr = lr_at(t, step_index as usize);
+        let mut dropout = (self.cfg.model.dropout > 0.0)
+            .then(|| DropoutRng::new(dropout_seed_for(self.state.dropout_seed, step_index)));
+        let params: Vec<Tensor> = self
+            .optimizer
+            .params()
+            .iter()
+            .map(|p| p.var.as_tensor().clone())
+            .collect();
+        let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
+        let mut loss_sum = Tensor::zeros((), DType::F32, &self.device)?;
+        let mut moe_stats = Vec::new();
+        for _ in 0..accum {
+            let batch = self.sampler.next_batch(&self.data.train)?;
+            let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)
+            let out = self.model.forward(&x, dropout.as_mut())?;
+            let ce = model::cross_entropy(&out.logits, &y)?; // scalar
+                                                             // MoE load-balancing and z losses (already weighted) join the objective.
+            let total = match &out.aux_loss {
+                Some(aux) => (&ce + aux)?,
+                None => ce.clone(),
+            };
+            loss_sum = (loss_sum + ce.detach())?;
+            let micro_grads = total.affine(1.0 / accum as f64, 0.0)?.backward()?;
+            for (slot, p) in grads.iter_mut().zip(&params) {
+                if let Some(g) = micro_grads.get(p) {
+                    *slot = Some(match slot.take() {
+                        Some(acc) => (acc + g)?,
+                        None => g.clone(),
+                    });
+                }
+            }
+            moe_stats.extend(out.moe);
+        }
+        let grad_norm = clip_grad_norm(&mut grads, t.grad_clip)?;
+        self.optimizer.step(&grads, lr)?;
+
+        let tokens = accum * t.batch_size * t.seq_len;
+        self.state.step += 1;
+        self.state.tokens_seen += tokens as u64;
+        self.state.sampler = self.sampler.state();
+        self.state.val_loss = None;
+        let loss = loss_sum.to_scalar::<f32>()? / accum as f32;
+        let mut extra = BTreeMap::new();
+        let moe_every = self.cfg.logging.moe_every.max(1) as u64;
+        if !moe_stats.is_empty() && self.state.step % moe_every == 0 {
+            moe_metrics(&moe_stats, &mut extra);
+        }
+        Ok(StepStats {
+            step: self.state.step,
+            loss,
+            lr,
+            grad_norm,
+            tokens,
+            seconds: started.elapsed().as_secs_f64(),
+            extra,
+        })
+    }
+
+    /// Mean validation loss over the fixed `eval_iters` validation batches (no dropout).
+    pub fn estimate_loss(&self) -> Result<f64> {
+        let mut sum = 0.0f64;
+        for batch in &self.eval_batches {
+            let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)
+            let out = self.model.forward(&x, None)?;
+            let ce = model::cross_entropy(&out.logits, &y)?;
+            sum += f64::from(ce.to_scalar::<f32>()?);
+        }
+        Ok(sum / self.eval_batches.len().max(1) as f64)
+    }
+
+    fn snapshot(&self) -> Snapshot<'_> {
+        Snapshot {
+            varmap: &self.varmap,
+            optimizer: self.optimizer.as_ref(),
+            state: &self.state,
+            config: &self.cfg,
+            tokenizer_json: &self.tokenizer_json,
+        }
+    }
+
+    /// Writes `run_dir/checkpoints/step-NNNNNN/` and applies `save_total_limit`.
+    pub fn save_checkpoint(&self, run_dir: &Path) -> Result<PathBuf> {
+        checkpoint::save_step(
+            run_dir,
+            &self.snapshot(),
+            self.cfg.training.save_total_limit,
+        )
+    }
+
+    /// Writes `run_dir/checkpoints/best/`.
+    pub fn save_best(&self, run_dir: &Path) -> Result<PathBuf> {
+        checkpoint::save_best(run_dir, &self.snapshot())
+    }
+}
+
+/// The dropout seed of step `step`: a fresh generator per step means the step alone fixes the
+/// masks, so a resumed run needs no generator state beyond the base seed.
+fn dropout_seed_for(base: u64, step: u64) -> u64 {
+    base ^ step.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// MoE telemetry: `moe/aux_loss` and `moe/z_loss` (unweighted, mean over layers and
+/// micro-batches), and per layer `moe/layer{L}/expert{E}` (share of routing assignments),
+/// `moe/layer{L}/dropped` and `moe/layer{L}/entropy` (micro-batches averaged).
+pub fn moe_metrics(stats: &[MoeLayerStats], out: &mut BTreeMap<String, f64>) {
+    let n = stats.len().max(1) as f64;
+    out.insert(
+        "moe/aux_loss".into(),
+        stats.iter().map(|s| f64::from(s.aux_loss)).sum::<f64>() / n,
+    );
+    out.insert(
+        "moe/z_loss".into(),
+        stats.iter().map(|s| f64::from(s.z_loss)).sum::<f64>() / n,
+    );
+    let mut per_layer: BTreeMap<usize, Vec<&MoeLayerStats>> = BTreeMap::new();
+    for s in stats {
+        per_layer.entry(s.layer).or_default().push(s);
+    }
+    for (layer, group) in per_layer {
+        let k = group.len() as f64;
+        let experts = group
+            .iter()
+            .map(|s| s.tokens_per_expert.len())
+            .max()
+            .unwrap_or(0);
+        for e in 0..experts {
+            let share: f64 = group
+                .iter()
+                .map(|s| f64::from(s.tokens_per_expert.get(e).copied().unwrap_or(0.0)))
+                .sum();
+            out.insert(format!("moe/layer{layer}/expert{e}"), share / k);
+        }
+        let dropped: f64 = group.iter().map(|s| f64::from(s.dropped_fraction)).sum();
+        out.insert(format!("moe/layer{layer}/dropped"), dropped / k);
+        let entropy: f64 = group.iter().map(|s| f64::from(s.router_entropy)).sum();
+        out.insert(format!("moe/layer{layer}/entropy"), entropy / k);
+    }
+}

@@ -1,0 +1,253 @@
+//! `trainyard train`: the loop around [`Trainer::step`] — evaluation, early stopping,
+//! checkpoints, metrics, progress and stop requests.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::{device, StepStats, Trainer};
+use crate::checkpoint;
+use crate::config::{Config, Precision};
+use crate::report::{unix_ms, Reporter, ServerTarget};
+use crate::wire::{MetricsLine, RunPatch, RunStatus};
+
+/// How to run beyond the config itself.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The run directory (`metrics.jsonl`, `config.yaml`, `checkpoints/`, `spool/`).
+    pub out_dir: PathBuf,
+    /// Continue from this checkpoint directory.
+    pub resume_from: Option<PathBuf>,
+    /// Report to this server as well as to `metrics.jsonl`.
+    pub server: Option<ServerTarget>,
+    /// Set (by a signal handler or a caller) to stop after the current step with a checkpoint.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// `finished` (max_steps or early stopping) or `stopped` (stop request).
+    pub status: RunStatus,
+    pub reason: String,
+    /// Optimizer steps completed.
+    pub steps: u64,
+    pub last_val_loss: Option<f64>,
+    pub best_val_loss: Option<f64>,
+    /// The checkpoint written at the end.
+    pub checkpoint: PathBuf,
+}
+
+/// Trains `cfg` (already validated) in `opts.out_dir` until `training.max_steps`, early
+/// stopping, or a stop request. The server, when given, hears `running` at the start and the
+/// final status at the end (`failed` with the error when training fails).
+pub fn run(cfg: Config, opts: &RunOptions) -> Result<RunOutcome> {
+    // Before any other thread exists (the reporter's) and before any tensor work.
+    let threads = device::configure_threads(cfg.training.threads);
+    std::fs::create_dir_all(&opts.out_dir)
+        .with_context(|| format!("creating {}", opts.out_dir.display()))?;
+    let resume_step = match &opts.resume_from {
+        Some(dir) => Some(checkpoint::read_state(dir)?.step as i64),
+        None => None,
+    };
+    let mut reporter = Reporter::open(&opts.out_dir, resume_step, opts.server.clone())?;
+    reporter.patch(RunPatch {
+        status: Some(RunStatus::Running),
+        config: serde_json::to_value(&cfg).ok(),
+        ..RunPatch::default()
+    });
+    match train(cfg, opts, threads, &mut reporter) {
+        Ok(outcome) => {
+            reporter.finish(outcome.status, Some(outcome.reason.clone()));
+            Ok(outcome)
+        }
+        Err(e) => {
+            reporter.finish(RunStatus::Failed, Some(format!("{e:#}")));
+            Err(e)
+        }
+    }
+}
+
+fn train(
+    cfg: Config,
+    opts: &RunOptions,
+    threads: usize,
+    reporter: &mut Reporter,
+) -> Result<RunOutcome> {
+    let out = &opts.out_dir;
+    if cfg.training.precision != Precision::F32 {
+        tracing::warn!(
+            precision = ?cfg.training.precision,
+            "training.precision: only f32 is implemented; training in f32"
+        );
+    }
+    let dev = device::resolve_device(&cfg.training.device)?;
+    std::fs::write(out.join("config.yaml"), cfg.to_yaml()?)
+        .with_context(|| format!("writing {}", out.join("config.yaml").display()))?;
+    tracing::info!(device = ?dev, threads, out = %out.display(), "starting");
+
+    let mut trainer = match &opts.resume_from {
+        Some(dir) => Trainer::resume(cfg.clone(), dev, dir)?,
+        None => Trainer::new(cfg.clone(), dev)?,
+    };
+    let t = &cfg.training;
+    let max_steps = t.max_steps as u64;
+    let stats = &trainer.data().stats;
+    tracing::info!(
+        params = trainer.num_params(),
+        train_tokens = stats.train_tokens,
+        val_tokens = stats.val_tokens,
+        vocab = stats.vocab_size,
+        "model and data ready"
+    );
+    let progress = Progress::new(&cfg, trainer.state().step, max_steps);
+    let mut first_line = opts.resume_from.is_none();
+    let mut last_saved = None;
+    let mut reason = "reached training.max_steps".to_string();
+    let mut status = RunStatus::Finished;
+
+    while trainer.state().step < max_steps && !trainer.state().early_stopped {
+        let s = trainer.step()?;
+        if !s.loss.is_finite() {
+            anyhow::bail!("training diverged at step {}: loss is {}", s.step, s.loss);
+        }
+        let mut metrics = step_metrics(&s);
+        if first_line {
+            metrics.insert("model/params".into(), trainer.num_params() as f64);
+            first_line = false;
+        }
+        let last = s.step == max_steps;
+        let eval_now = (t.eval_steps > 0 && s.step % t.eval_steps as u64 == 0) || last;
+        let mut improved = false;
+        if eval_now {
+            let val = trainer.estimate_loss()?;
+            metrics.insert("val/loss".into(), val);
+            metrics.insert("val/ppl".into(), val.exp());
+            let patience = t.early_stopping_patience;
+            improved = trainer.state_mut().record_eval(val, patience);
+        }
+        reporter.log(&MetricsLine {
+            step: s.step as i64,
+            time: unix_ms(),
+            metrics,
+        })?;
+        progress.update(&s, trainer.state().val_loss, cfg.logging.log_every);
+
+        if improved {
+            trainer.save_best(out)?;
+        }
+        let stop_requested = opts.stop.load(Ordering::SeqCst);
+        let periodic = t.save_steps > 0 && s.step % t.save_steps as u64 == 0;
+        if periodic || last || stop_requested || trainer.state().early_stopped {
+            last_saved = Some(trainer.save_checkpoint(out)?);
+        }
+        if trainer.state().early_stopped {
+            reason = format!(
+                "early stopping: no improvement in {} evaluations",
+                t.early_stopping_patience
+            );
+        }
+        if stop_requested && !last && !trainer.state().early_stopped {
+            status = RunStatus::Stopped;
+            reason = format!("stop requested; checkpoint saved at step {}", s.step);
+            break;
+        }
+    }
+    progress.finish();
+    let checkpoint = match last_saved {
+        Some(p) => p,
+        // Nothing to do (already at max_steps): the checkpoint we resumed from is the last one.
+        None => match &opts.resume_from {
+            Some(dir) => dir.clone(),
+            None => trainer.save_checkpoint(out)?,
+        },
+    };
+    let st = trainer.state();
+    tracing::info!(steps = st.step, best_val_loss = ?st.best_val_loss, %reason, "done");
+    Ok(RunOutcome {
+        status,
+        reason,
+        steps: st.step,
+        last_val_loss: st.val_loss,
+        best_val_loss: st.best_val_loss,
+        checkpoint,
+    })
+}
+
+fn step_metrics(s: &StepStats) -> BTreeMap<String, f64> {
+    let mut m = BTreeMap::new();
+    m.insert("train/loss".into(), f64::from(s.loss));
+    m.insert("lr".into(), s.lr);
+    m.insert("grad_norm".into(), f64::from(s.grad_norm));
+    m.insert(
+        "perf/tokens_per_s".into(),
+        s.tokens as f64 / s.seconds.max(1e-9),
+    );
+    m.extend(s.extra.iter().map(|(k, v)| (k.clone(), *v)));
+    m
+}
+
+/// A progress bar on a terminal, plain log lines every `log_every` steps otherwise.
+struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    fn new(cfg: &Config, start: u64, max_steps: u64) -> Self {
+        let show = match cfg.logging.progress.as_str() {
+            "always" => true,
+            "never" => false,
+            _ => std::io::stderr().is_terminal(),
+        };
+        let bar = show.then(|| {
+            let bar = ProgressBar::new(max_steps);
+            if let Ok(style) = ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar.set_position(start);
+            bar
+        });
+        Progress { bar }
+    }
+
+    fn update(&self, s: &StepStats, val: Option<f64>, log_every: usize) {
+        let val = val.map(|v| format!(" val {v:.4}")).unwrap_or_default();
+        let line = format!(
+            "step {} loss {:.4}{val} lr {:.2e} grad_norm {:.3} {:.0} tok/s",
+            s.step,
+            s.loss,
+            s.lr,
+            s.grad_norm,
+            s.tokens as f64 / s.seconds.max(1e-9)
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(s.step);
+                bar.set_message(line);
+            }
+            None => {
+                if log_every > 0 && s.step % log_every as u64 == 0 || !val.is_empty() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}
+
+/// The run directory's checkpoint for `--resume SPEC`.
+pub fn resume_dir(out: &Path, spec: &str) -> Result<PathBuf> {
+    checkpoint::resolve(out, spec)
+}

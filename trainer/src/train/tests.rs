@@ -1,0 +1,317 @@
+//! End-to-end tests of the loop on tiny models (each runs in seconds in a debug build).
+
+use std::fs;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use candle_core::Device;
+
+use super::*;
+use crate::cli::{resolve_config, TrainArgs};
+use crate::wire::{MetricsLine, RunStatus};
+
+/// The `tiny` profile shrunk further, on the CPU with two threads.
+fn tiny(overrides: &[&str]) -> Config {
+    let mut cfg = Config::from_profile("tiny").unwrap();
+    let mut all = vec![
+        "training.device=cpu",
+        "training.threads=2",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.d_ff=64",
+        "model.max_seq_len=32",
+        "training.seq_len=32",
+        "training.batch_size=8",
+        "training.eval_iters=4",
+        "logging.progress=never",
+    ];
+    all.extend_from_slice(overrides);
+    let all: Vec<String> = all.into_iter().map(String::from).collect();
+    cfg.apply_overrides(&all).unwrap();
+    cfg.validate().unwrap();
+    cfg
+}
+
+fn metrics(dir: &Path) -> Vec<MetricsLine> {
+    fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn series(lines: &[MetricsLine], key: &str) -> Vec<(i64, f64)> {
+    lines
+        .iter()
+        .filter_map(|l| l.metrics.get(key).map(|v| (l.step, *v)))
+        .collect()
+}
+
+fn opts(dir: &Path) -> RunOptions {
+    RunOptions {
+        out_dir: dir.to_path_buf(),
+        ..RunOptions::default()
+    }
+}
+
+#[test]
+fn loss_on_the_dummy_dataset_falls_well_below_uniform() {
+    let cfg = tiny(&["training.max_steps=300", "training.learning_rate=1e-2"]);
+    let mut trainer = Trainer::new(cfg, Device::Cpu).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..300 {
+        losses.push(trainer.step().unwrap().loss);
+    }
+    let uniform = (256f32).ln();
+    let first = losses[0];
+    let last: f32 = losses[290..].iter().sum::<f32>() / 10.0;
+    assert!(
+        (first - uniform).abs() < 0.5,
+        "starts near uniform: {first}"
+    );
+    // The chain's entropy rate is ~1.21 nats; ln 256 ≈ 5.55.
+    assert!(last < 0.5 * uniform, "loss {last} after 300 steps");
+    assert!(trainer.estimate_loss().unwrap() < 0.5 * f64::from(uniform));
+}
+
+#[test]
+fn validation_loss_on_the_demo_text_falls_below_its_unigram_entropy() {
+    let cache = tempfile::tempdir().unwrap();
+    let cache_dir = format!("data.cache_dir={}", cache.path().display());
+    let cfg = tiny(&[
+        "data.dataset=demo",
+        &cache_dir,
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.d_ff=256",
+        "model.max_seq_len=64",
+        "training.seq_len=64",
+        "training.batch_size=8",
+        "training.max_steps=300",
+        "training.warmup_steps=20",
+        "training.learning_rate=5e-3",
+        "training.eval_steps=0",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(cfg, &opts(dir.path())).unwrap();
+    let trainer_tokens = {
+        let cfg = tiny(&["data.dataset=demo", &cache_dir]);
+        crate::data::prepare(&cfg, None).unwrap().train.to_vec()
+    };
+    let unigram = crate::data::demo::unigram_entropy(&trainer_tokens);
+    let val = out.last_val_loss.unwrap();
+    assert!(val < unigram, "val/loss {val} vs unigram entropy {unigram}");
+    let logged = series(&metrics(dir.path()), "val/loss");
+    assert_eq!(logged, vec![(300, val)]);
+}
+
+#[test]
+fn resuming_from_the_latest_checkpoint_reproduces_a_straight_run_bit_for_bit() {
+    let cfg = tiny(&[
+        "model.dropout=0.1",
+        "training.max_steps=60",
+        "training.save_steps=30",
+        "training.eval_steps=20",
+        "training.grad_accum_steps=2",
+    ]);
+    let straight = tempfile::tempdir().unwrap();
+    run(cfg.clone(), &opts(straight.path())).unwrap();
+
+    // First half through the Trainer API, saving a checkpoint at step 30 as the loop would...
+    let split = tempfile::tempdir().unwrap();
+    let mut first_half = Vec::new();
+    let mut trainer = Trainer::new(cfg, Device::Cpu).unwrap();
+    for _ in 0..30 {
+        first_half.push(f64::from(trainer.step().unwrap().loss));
+    }
+    trainer.save_checkpoint(split.path()).unwrap();
+    drop(trainer);
+    // ...then `train --out DIR --resume latest`, which takes the checkpoint's config.
+    let args = TrainArgs {
+        resume: Some("latest".into()),
+        out: Some(split.path().to_path_buf()),
+        ..TrainArgs::default()
+    };
+    let (cfg, from) = resolve_config(&args, split.path()).unwrap();
+    let resumed = RunOptions {
+        resume_from: from,
+        ..opts(split.path())
+    };
+    let outcome = run(cfg, &resumed).unwrap();
+    assert_eq!(outcome.steps, 60);
+
+    let a = metrics(straight.path());
+    let b = metrics(split.path());
+    let straight_loss: Vec<f64> = series(&a, "train/loss").into_iter().map(|x| x.1).collect();
+    let mut split_loss = first_half;
+    split_loss.extend(series(&b, "train/loss").into_iter().map(|x| x.1));
+    assert_eq!(straight_loss.len(), 60);
+    assert_eq!(straight_loss, split_loss, "identical loss sequences");
+    let val_a: Vec<_> = series(&a, "val/loss")
+        .into_iter()
+        .filter(|x| x.0 > 30)
+        .collect();
+    assert_eq!(val_a, series(&b, "val/loss"));
+    assert_eq!(series(&a, "grad_norm")[30..], series(&b, "grad_norm")[..]);
+}
+
+#[test]
+fn a_stop_request_finishes_the_step_saves_and_reports_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny(&["training.max_steps=50", "training.save_steps=0"]);
+    let stop = Arc::new(AtomicBool::new(true));
+    let o = RunOptions {
+        stop: stop.clone(),
+        ..opts(dir.path())
+    };
+    let out = run(cfg, &o).unwrap();
+    assert_eq!(out.status, RunStatus::Stopped);
+    assert_eq!(out.steps, 1);
+    assert!(out.checkpoint.ends_with("step-000001"));
+    assert_eq!(
+        crate::checkpoint::read_state(&out.checkpoint).unwrap().step,
+        1
+    );
+    assert!(stop.load(Ordering::SeqCst));
+    assert_eq!(metrics(dir.path()).len(), 1);
+}
+
+#[test]
+fn the_best_checkpoint_holds_the_lowest_validation_loss_and_old_checkpoints_are_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny(&[
+        "training.max_steps=40",
+        "training.eval_steps=5",
+        "training.save_steps=10",
+        "training.save_total_limit=2",
+        "training.learning_rate=2e-2",
+        "training.warmup_steps=0",
+    ]);
+    let out = run(cfg, &opts(dir.path())).unwrap();
+    let vals = series(&metrics(dir.path()), "val/loss");
+    assert_eq!(vals.len(), 8);
+    let (best_step, best) = vals
+        .iter()
+        .copied()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    let best_dir = crate::checkpoint::checkpoints_dir(dir.path()).join("best");
+    let st = crate::checkpoint::read_state(&best_dir).unwrap();
+    assert_eq!(st.step as i64, best_step);
+    assert_eq!(st.best_val_loss, Some(best));
+    assert_eq!(out.best_val_loss, Some(best));
+    let kept: Vec<u64> =
+        crate::checkpoint::list_steps(&crate::checkpoint::checkpoints_dir(dir.path()))
+            .unwrap()
+            .into_iter()
+            .map(|x| x.0)
+            .collect();
+    assert_eq!(kept, vec![30, 40]);
+    let first = &metrics(dir.path())[0];
+    assert!(first.metrics.contains_key("model/params"));
+    for key in ["train/loss", "lr", "grad_norm", "perf/tokens_per_s"] {
+        assert!(first.metrics.contains_key(key), "{key} missing");
+    }
+    assert!(dir.path().join("config.yaml").is_file());
+}
+
+#[test]
+fn init_from_starts_a_fresh_run_from_a_checkpoints_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny(&["training.max_steps=30"]);
+    let mut trainer = Trainer::new(cfg.clone(), Device::Cpu).unwrap();
+    for _ in 0..30 {
+        trainer.step().unwrap();
+    }
+    let trained_loss = trainer.estimate_loss().unwrap();
+    let ckpt = trainer.save_checkpoint(dir.path()).unwrap();
+
+    let mut cfg2 = cfg;
+    cfg2.training.init_from = Some(ckpt.display().to_string());
+    let fresh = Trainer::new(cfg2, Device::Cpu).unwrap();
+    assert_eq!(fresh.state().step, 0, "a new run, not a resume");
+    assert_eq!(fresh.estimate_loss().unwrap(), trained_loss);
+}
+
+#[test]
+fn sampling_from_a_trained_checkpoint_produces_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny(&["training.max_steps=5", "training.warmup_steps=1"]);
+    run(cfg, &opts(dir.path())).unwrap();
+    let loaded = crate::sample::load(dir.path(), Device::Cpu).unwrap();
+    let params = crate::sample::SamplingParams {
+        temperature: 1.0,
+        top_k: 10,
+        top_p: 0.95,
+    };
+    let a = loaded.generate("ab", 12, params, 7).unwrap();
+    let b = loaded.generate("ab", 12, params, 7).unwrap();
+    assert_eq!(a, b, "the seed fixes the sample");
+    assert!(!a.is_empty());
+}
+
+#[test]
+fn a_config_error_names_the_key_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = TrainArgs {
+        config: Some("tiny".into()),
+        set: vec!["training.seq_len=4096".into()],
+        out: Some(dir.path().to_path_buf()),
+        ..TrainArgs::default()
+    };
+    let err = format!("{:#}", resolve_config(&args, dir.path()).unwrap_err());
+    assert!(err.contains("training.seq_len"), "{err}");
+    assert!(!dir.path().join("metrics.jsonl").exists());
+}
+
+#[test]
+fn an_moe_run_reports_routing_telemetry_and_its_checkpoint_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::from_profile("tiny-moe").unwrap();
+    let set: Vec<String> = [
+        "training.device=cpu",
+        "training.threads=2",
+        "training.max_steps=4",
+        "training.warmup_steps=1",
+        "training.eval_steps=0",
+        "logging.moe_every=2",
+        "logging.progress=never",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    cfg.apply_overrides(&set).unwrap();
+    cfg.validate().unwrap();
+    let experts = cfg.model.moe.as_ref().unwrap().num_experts;
+    run(cfg, &opts(dir.path())).unwrap();
+    let lines = metrics(dir.path());
+    assert_eq!(lines.len(), 4);
+    assert!(
+        !lines[0].metrics.contains_key("moe/aux_loss"),
+        "only every 2 steps"
+    );
+    let m = &lines[1].metrics;
+    for key in [
+        "moe/aux_loss",
+        "moe/z_loss",
+        "moe/layer0/dropped",
+        "moe/layer0/entropy",
+    ] {
+        assert!(m.contains_key(key), "{key} missing: {:?}", m.keys());
+    }
+    let share: f64 = (0..experts)
+        .map(|e| m[&format!("moe/layer0/expert{e}")])
+        .sum();
+    assert!(
+        (share - 1.0).abs() < 1e-4,
+        "expert shares sum to 1: {share}"
+    );
+    let loaded = crate::sample::load(dir.path(), Device::Cpu).unwrap();
+    let params = crate::sample::SamplingParams {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+    loaded.generate("x", 4, params, 1).unwrap();
+}
