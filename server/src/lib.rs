@@ -1,8 +1,11 @@
 //! Trainyard server: tracking store, REST API, live events, dashboard and launcher.
 
+pub mod app;
 pub mod charts;
+pub mod cli;
+pub mod http;
+pub mod ingest;
+pub mod live;
+pub mod status;
 pub mod store;
-pub mod http {
-    pub mod pages;
-    pub mod views;
-}
+pub mod telemetry;

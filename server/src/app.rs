@@ -1,0 +1,196 @@
+//! Wiring: settings → store + live hub → router → bound listener.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::extract::DefaultBodyLimit;
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_http::trace::TraceLayer;
+
+use crate::http;
+use crate::live::LiveHub;
+use crate::store::{self, DynStore};
+
+/// Largest request body accepted (a full 10,000-point batch is well under 1 MiB).
+pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Everything `serve` needs; built from the CLI or by tests.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where to listen; port 0 picks a free port.
+    pub addr: SocketAddr,
+    /// Holds the default SQLite database and, later, run directories.
+    pub data_dir: PathBuf,
+    /// `sqlite:...` or `postgres://...`; `None` means `sqlite:<data_dir>/trainyard.db`.
+    pub database_url: Option<String>,
+    /// Required for any non-loopback address; then every `/api` request must carry it.
+    pub admin_token: Option<String>,
+    pub body_limit: usize,
+}
+
+impl Settings {
+    pub fn new(addr: SocketAddr, data_dir: impl Into<PathBuf>) -> Self {
+        Settings {
+            addr,
+            data_dir: data_dir.into(),
+            database_url: None,
+            admin_token: None,
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+
+    /// The database URL actually used.
+    pub fn resolved_database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!(
+                "sqlite://{}?mode=rwc",
+                self.data_dir.join("trainyard.db").display()
+            ),
+        }
+    }
+
+    /// Safety by default: a server reachable from other machines must require a token.
+    pub fn check_exposure(&self) -> anyhow::Result<()> {
+        let token = self.admin_token.as_deref().unwrap_or("");
+        if !self.addr.ip().is_loopback() && token.is_empty() {
+            anyhow::bail!(
+                "refusing to listen on {} without an admin token: this address is reachable from \
+                 other machines. Set --admin-token (or TRAINYARD_ADMIN_TOKEN), or bind to \
+                 127.0.0.1",
+                self.addr
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Shared by every handler. Cheap to clone: every field is an `Arc` or small.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: DynStore,
+    pub live: Arc<LiveHub>,
+    pub settings: Arc<Settings>,
+}
+
+impl AppState {
+    pub fn new(store: DynStore, settings: Settings) -> Self {
+        AppState {
+            store,
+            live: Arc::new(LiveHub::new()),
+            settings: Arc::new(settings),
+        }
+    }
+}
+
+/// The whole HTTP surface, ready for `axum::serve` or `tower::ServiceExt::oneshot`.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .merge(http::health::router())
+        .nest("/api/v1", http::api_router(&state))
+        .fallback(http::not_found)
+        .layer(DefaultBodyLimit::max(state.settings.body_limit))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+pub struct Application {
+    listener: TcpListener,
+    port: u16,
+    state: AppState,
+}
+
+impl Application {
+    /// Checks the settings, opens the store (running migrations) and binds the listener.
+    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        settings.check_exposure()?;
+        if settings.database_url.is_none() {
+            std::fs::create_dir_all(&settings.data_dir).with_context(|| {
+                format!("creating data directory {}", settings.data_dir.display())
+            })?;
+        }
+        let url = settings.resolved_database_url();
+        let store = store::connect(&url)
+            .await
+            .with_context(|| format!("opening the {} store", backend_name(&url)))?;
+        let listener = TcpListener::bind(settings.addr)
+            .await
+            .with_context(|| format!("binding {}", settings.addr))?;
+        let port = listener.local_addr()?.port();
+        tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "trainyard listening");
+        Ok(Application {
+            listener,
+            port,
+            state: AppState::new(store, settings),
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until SIGINT or SIGTERM, then finishes in-flight requests.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let live = Arc::clone(&self.state.live);
+        let shutdown = async move {
+            shutdown.await;
+            // SSE streams never end on their own; close them so in-flight requests can drain.
+            live.close();
+        };
+        axum::serve(self.listener, app(self.state))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving HTTP")
+    }
+}
+
+fn backend_name(url: &str) -> &'static str {
+    if url.starts_with("postgres") {
+        "Postgres"
+    } else {
+        "SQLite"
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sig) => {
+                sig.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+}

@@ -1,0 +1,98 @@
+//! The `trainyard` command line. Each subcommand is one enum variant with its own args struct
+//! and one arm in `run`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::app::{Application, Settings, DEFAULT_BODY_LIMIT};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "trainyard",
+    version,
+    about = "Train language models from the browser"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the tracking server, REST API and dashboard.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on. Anything but loopback requires --admin-token.
+    #[arg(long, env = "TRAINYARD_ADDR", default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// Directory for the default SQLite database and run data.
+    #[arg(long, env = "TRAINYARD_DATA_DIR", default_value = "./trainyard-data")]
+    pub data_dir: PathBuf,
+    /// `sqlite:PATH` or `postgres://...` [default: a SQLite file inside --data-dir]
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Token every /api request must carry as `Authorization: Bearer <token>`.
+    #[arg(long, env = "TRAINYARD_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+}
+
+impl ServeArgs {
+    pub fn into_settings(self) -> Settings {
+        Settings {
+            addr: self.addr,
+            data_dir: self.data_dir,
+            database_url: self.database_url.filter(|u| !u.is_empty()),
+            admin_token: self.admin_token.filter(|t| !t.is_empty()),
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+}
+
+/// Runs the parsed command.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let app = Application::build(args.into_settings()).await?;
+    app.run_until_stopped().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_defaults_to_loopback_and_a_local_data_dir() {
+        let cli = Cli::try_parse_from(["trainyard", "serve"]).map_err(|e| e.to_string());
+        let Ok(Cli {
+            command: Command::Serve(args),
+        }) = cli
+        else {
+            panic!("serve should parse: {cli:?}");
+        };
+        // Env vars could override defaults on a developer machine; only check when unset.
+        if std::env::var_os("TRAINYARD_ADDR").is_none() {
+            assert_eq!(args.addr.to_string(), "127.0.0.1:8080");
+        }
+        if std::env::var_os("TRAINYARD_DATA_DIR").is_none() {
+            assert_eq!(args.data_dir, PathBuf::from("./trainyard-data"));
+        }
+    }
+
+    #[test]
+    fn a_malformed_address_is_a_cli_error_naming_the_flag() {
+        let err = Cli::try_parse_from(["trainyard", "serve", "--addr", "nope"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("--addr"), "{err}");
+    }
+}

@@ -1,0 +1,252 @@
+//! The one error type of the HTTP API. Every failure becomes `{"error": {code, message, field?}}`:
+//! 4xx for a client's mistake (naming the field when there is one), a logged 500 for real faults
+//! that never shows the client what went wrong inside.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use crate::ingest::IngestError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed request: bad JSON syntax, a query parameter that does not parse.
+    #[error("{message}")]
+    BadRequest {
+        field: Option<String>,
+        message: String,
+    },
+    /// `q=` did not parse; `position` is the byte offset of the problem in the filter text.
+    #[error("invalid filter at position {position}: {message}")]
+    InvalidFilter { position: usize, message: String },
+    /// Well-formed JSON whose content is wrong: wrong types, non-finite values, too many points.
+    #[error("{message}")]
+    Unprocessable {
+        field: Option<String>,
+        message: String,
+    },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{message}")]
+    Conflict {
+        field: Option<String>,
+        message: String,
+    },
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    /// A real fault; the cause chain is logged, the client sees only "internal error".
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+/// The JSON body of every error response.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code, e.g. `not_found`, `unprocessable`, `invalid_filter`.
+    pub code: &'static str,
+    pub message: String,
+    /// The request field at fault, when there is one (`points[3].value`, `q`, `limit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    pub fn bad_request(field: &str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            field: Some(field.to_string()),
+            message: message.into(),
+        }
+    }
+
+    pub fn unprocessable(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::Unprocessable {
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } | ApiError::InvalidFilter { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "bad_request",
+            ApiError::InvalidFilter { .. } => "invalid_filter",
+            ApiError::Unprocessable { .. } => "unprocessable",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict { .. } => "conflict",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    fn field(&self) -> Option<String> {
+        match self {
+            ApiError::BadRequest { field, .. }
+            | ApiError::Unprocessable { field, .. }
+            | ApiError::Conflict { field, .. } => field.clone(),
+            ApiError::InvalidFilter { .. } => Some("q".to_string()),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(cause) = &self {
+            // `{:#}` prints the whole cause chain on one line.
+            tracing::error!(error = %format!("{cause:#}"), "request failed with an internal error");
+        }
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code(),
+                message: self.to_string(),
+                field: self.field(),
+            },
+        };
+        let mut response = (self.status(), Json(body)).into_response();
+        if matches!(self, ApiError::Unauthorized) {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::NotFound { .. } => ApiError::NotFound(err.to_string()),
+            StoreError::Conflict { field, message } => ApiError::Conflict {
+                field: field.map(str::to_string),
+                message,
+            },
+            StoreError::Invalid { field, message } => ApiError::BadRequest {
+                field: Some(field.to_string()),
+                message: format!("{field}: {message}"),
+            },
+            StoreError::Database(_) | StoreError::Migrate(_) => ApiError::Internal(err.into()),
+        }
+    }
+}
+
+impl From<IngestError> for ApiError {
+    fn from(err: IngestError) -> Self {
+        match err {
+            IngestError::Invalid { field, message } => ApiError::Unprocessable {
+                field: Some(field),
+                message,
+            },
+            IngestError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        let message = rejection.body_text();
+        match rejection {
+            JsonRejection::JsonDataError(_) => ApiError::Unprocessable {
+                field: field_from_serde_message(&message),
+                message,
+            },
+            JsonRejection::JsonSyntaxError(_) => ApiError::BadRequest {
+                field: None,
+                message,
+            },
+            JsonRejection::MissingJsonContentType(_) => ApiError::UnsupportedMediaType(message),
+            _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError::PayloadTooLarge("request body is larger than the server accepts".into())
+            }
+            _ => ApiError::BadRequest {
+                field: None,
+                message,
+            },
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        let message = rejection.body_text();
+        ApiError::BadRequest {
+            field: field_from_serde_message(&message),
+            message,
+        }
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        ApiError::BadRequest {
+            field: None,
+            message: rejection.body_text(),
+        }
+    }
+}
+
+/// axum renders data errors as `Failed to deserialize ...: points[0].value: invalid type ...`;
+/// the path before the serde message names the field.
+fn field_from_serde_message(message: &str) -> Option<String> {
+    let (_, rest) = message.split_once(": ")?;
+    let (path, _) = rest.split_once(": ")?;
+    let looks_like_path = !path.is_empty()
+        && path
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.[]".contains(c));
+    looks_like_path.then(|| path.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_serde_path_in_a_rejection_message_becomes_the_field() {
+        let msg = "Failed to deserialize the JSON body into the target type: points[0].value: \
+                   invalid type: string \"x\", expected f64 at line 1 column 40";
+        assert_eq!(
+            field_from_serde_message(msg).as_deref(),
+            Some("points[0].value")
+        );
+    }
+
+    #[test]
+    fn a_message_without_a_path_names_no_field() {
+        let msg = "Failed to deserialize the JSON body into the target type: missing field `name` at line 1 column 2";
+        assert_eq!(field_from_serde_message(msg), None);
+    }
+
+    #[test]
+    fn a_database_error_is_a_500_that_hides_its_details() {
+        let err: ApiError = StoreError::Database(sqlx::Error::PoolTimedOut).into();
+        assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(err.to_string(), "internal error");
+    }
+}

@@ -1,0 +1,344 @@
+//! Server-sent events: `GET /api/v1/runs/{id}/events` (one run's new points and status changes)
+//! and `GET /api/v1/events` (status changes of every run).
+//!
+//! A run stream subscribes to the live hub *first*, then replays from the store everything after
+//! the client's position, then forwards live messages, dropping any whose seq it already sent.
+//! So a point stored while the replay runs arrives exactly once. The event id carries both
+//! positions (`p{point seq}.e{event seq}`), so a client reconnecting with `Last-Event-ID` resumes
+//! where it stopped.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use axum::Router;
+use futures::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::instrument;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::ApiQuery;
+use crate::app::AppState;
+use crate::live::{RunMessage, RunSubscription};
+use crate::store::{RunEvent, StoreError, StoredPoint};
+
+/// Points per SSE `points` event (and per store read during catch-up).
+const CHUNK: usize = 1000;
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/runs/{id}/events", get(run_events))
+        .route("/events", get(all_events))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventParams {
+    /// Replay points with a step greater than this (ignored when `Last-Event-ID` is sent).
+    pub after_step: Option<String>,
+}
+
+/// Data of a `points` event.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PointsEvent<'a> {
+    pub run_id: &'a str,
+    pub points: &'a [StoredPoint],
+}
+
+/// How far a client has read: the last point seq and last event seq it was sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamPosition {
+    pub point_seq: Option<i64>,
+    pub event_seq: Option<i64>,
+}
+
+impl StreamPosition {
+    /// `p{seq}.e{seq}`, with an empty number for "nothing yet" (`p.e`).
+    pub fn to_event_id(self) -> String {
+        let fmt = |v: Option<i64>| v.map(|n| n.to_string()).unwrap_or_default();
+        format!("p{}.e{}", fmt(self.point_seq), fmt(self.event_seq))
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("Last-Event-ID `{text}` is not of the form p<seq>.e<seq>");
+        let (p, e) = text.trim().split_once('.').ok_or_else(bad)?;
+        let p = p.strip_prefix('p').ok_or_else(bad)?;
+        let e = e.strip_prefix('e').ok_or_else(bad)?;
+        let num = |s: &str| -> Result<Option<i64>, String> {
+            if s.is_empty() {
+                Ok(None)
+            } else {
+                s.parse::<i64>().map(Some).map_err(|_| bad())
+            }
+        };
+        Ok(StreamPosition {
+            point_seq: num(p)?,
+            event_seq: num(e)?,
+        })
+    }
+
+    fn is_new_point(&self, point: &StoredPoint) -> bool {
+        self.point_seq.is_none_or(|seen| point.seq > seen)
+    }
+
+    fn is_new_event(&self, event: &RunEvent) -> bool {
+        self.event_seq.is_none_or(|seen| event.seq > seen)
+    }
+}
+
+/// Live points (`event: points`) and status changes (`event: status`) of one run.
+#[utoipa::path(get, path = "/api/v1/runs/{id}/events", tag = "events",
+    params(
+        ("id" = String, Path, description = "Run id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id"),
+        EventParams,
+    ),
+    responses(
+        (status = 200, description = "text/event-stream of `points` and `status` events", content_type = "text/event-stream", body = String),
+        (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ))]
+#[instrument(skip(state, headers))]
+pub async fn run_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ApiQuery(params): ApiQuery<EventParams>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let position = match headers.get("last-event-id") {
+        Some(value) => {
+            let text = value.to_str().map_err(|_| {
+                ApiError::bad_request("Last-Event-ID", "Last-Event-ID is not valid text")
+            })?;
+            StreamPosition::parse(text).map_err(|m| ApiError::bad_request("Last-Event-ID", m))?
+        }
+        None => StreamPosition::default(),
+    };
+    let after_step = match params.after_step.as_deref() {
+        None | Some("") => None,
+        Some(t) => Some(t.parse::<i64>().map_err(|_| {
+            ApiError::bad_request(
+                "after_step",
+                format!("after_step must be an integer, got `{t}`"),
+            )
+        })?),
+    };
+    state.store.get_run(&id).await?;
+    // Subscribe before reading the store, so nothing stored in between is missed.
+    let subscription = state.live.subscribe_run(&id);
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let run_id = id.clone();
+        match stream_run(&state, &id, position, after_step, subscription, &tx).await {
+            Ok(()) | Err(StreamEnd::ClientGone) => {}
+            Err(StreamEnd::Store(e)) => {
+                tracing::error!(run_id, error = %e, "SSE stream failed reading the store");
+                let _ = tx
+                    .send(Event::default().event("error").data("internal error"))
+                    .await;
+            }
+        }
+    });
+    Ok(Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+enum StreamEnd {
+    ClientGone,
+    Store(StoreError),
+}
+
+impl From<StoreError> for StreamEnd {
+    fn from(e: StoreError) -> Self {
+        StreamEnd::Store(e)
+    }
+}
+
+async fn stream_run(
+    state: &AppState,
+    run_id: &str,
+    mut position: StreamPosition,
+    after_step: Option<i64>,
+    mut subscription: RunSubscription,
+    tx: &mpsc::Sender<Event>,
+) -> Result<(), StreamEnd> {
+    catch_up(state, run_id, &mut position, after_step, tx).await?;
+    loop {
+        let message = tokio::select! {
+            _ = state.live.closed() => return Ok(()),
+            _ = tx.closed() => return Err(StreamEnd::ClientGone),
+            message = subscription.recv() => message,
+        };
+        match message {
+            Ok(RunMessage::Points(points)) => {
+                let fresh: Vec<StoredPoint> = points
+                    .iter()
+                    .filter(|p| position.is_new_point(p))
+                    .cloned()
+                    .collect();
+                send_points(run_id, &fresh, &mut position, tx).await?;
+            }
+            Ok(RunMessage::Status(event)) => {
+                if position.is_new_event(&event) {
+                    send_status(&event, &mut position, tx).await?;
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                // The hub only carries stored data: read the gap back from the store.
+                tracing::debug!(
+                    run_id,
+                    missed,
+                    "SSE subscriber lagged; catching up from the store"
+                );
+                catch_up(state, run_id, &mut position, after_step, tx).await?;
+            }
+            Err(broadcast::error::RecvError::Closed) => return Ok(()),
+        }
+    }
+}
+
+/// Sends everything the store holds after `position` (points, then status events).
+async fn catch_up(
+    state: &AppState,
+    run_id: &str,
+    position: &mut StreamPosition,
+    after_step: Option<i64>,
+    tx: &mpsc::Sender<Event>,
+) -> Result<(), StreamEnd> {
+    loop {
+        // `after_step` only applies until the first point has been sent.
+        let step_bound = position.point_seq.is_none().then_some(after_step).flatten();
+        let points = state
+            .store
+            .points_since(run_id, position.point_seq, step_bound, CHUNK)
+            .await?;
+        let done = points.len() < CHUNK;
+        send_points(run_id, &points, position, tx).await?;
+        if done {
+            break;
+        }
+    }
+    for event in state.store.run_events(run_id, position.event_seq).await? {
+        send_status(&event, position, tx).await?;
+    }
+    Ok(())
+}
+
+async fn send_points(
+    run_id: &str,
+    points: &[StoredPoint],
+    position: &mut StreamPosition,
+    tx: &mpsc::Sender<Event>,
+) -> Result<(), StreamEnd> {
+    for chunk in points.chunks(CHUNK) {
+        let Some(last) = chunk.last() else { continue };
+        position.point_seq = Some(position.point_seq.map_or(last.seq, |s| s.max(last.seq)));
+        let data = PointsEvent {
+            run_id,
+            points: chunk,
+        };
+        send(tx, "points", &data, *position).await?;
+    }
+    Ok(())
+}
+
+async fn send_status(
+    event: &RunEvent,
+    position: &mut StreamPosition,
+    tx: &mpsc::Sender<Event>,
+) -> Result<(), StreamEnd> {
+    position.event_seq = Some(position.event_seq.map_or(event.seq, |s| s.max(event.seq)));
+    send(tx, "status", event, *position).await
+}
+
+async fn send<T: Serialize>(
+    tx: &mpsc::Sender<Event>,
+    name: &str,
+    data: &T,
+    position: StreamPosition,
+) -> Result<(), StreamEnd> {
+    let event = Event::default()
+        .event(name)
+        .id(position.to_event_id())
+        .json_data(data)
+        .map_err(|e| {
+            StreamEnd::Store(StoreError::Invalid {
+                field: "event",
+                message: e.to_string(),
+            })
+        })?;
+    tx.send(event).await.map_err(|_| StreamEnd::ClientGone)
+}
+
+/// Status changes of every run (`event: status`), for the runs table. A client that fell too far
+/// behind gets `event: lagged` and should reload the table.
+#[utoipa::path(get, path = "/api/v1/events", tag = "events",
+    responses((status = 200, description = "text/event-stream of `status` events", content_type = "text/event-stream", body = String)))]
+#[instrument(skip(state))]
+pub async fn all_events(
+    State(state): State<AppState>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut receiver = state.live.subscribe_all();
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                _ = state.live.closed() => return,
+                _ = tx.closed() => return,
+                received = receiver.recv() => match received {
+                    Ok(run_event) => Event::default()
+                        .event("status")
+                        .id(format!("e{}", run_event.seq))
+                        .json_data(run_event.as_ref()),
+                    Err(broadcast::error::RecvError::Lagged(missed)) => Event::default()
+                        .event("lagged")
+                        .json_data(serde_json::json!({ "missed": missed })),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            };
+            match event {
+                Ok(event) => {
+                    if tx.send(event).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "cannot encode a status event"),
+            }
+        }
+    });
+    Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamPosition;
+
+    #[test]
+    fn an_event_id_round_trips_through_its_text_form() {
+        for pos in [
+            StreamPosition::default(),
+            StreamPosition {
+                point_seq: Some(42),
+                event_seq: None,
+            },
+            StreamPosition {
+                point_seq: Some(7),
+                event_seq: Some(3),
+            },
+        ] {
+            assert_eq!(StreamPosition::parse(&pos.to_event_id()), Ok(pos));
+        }
+    }
+
+    #[test]
+    fn malformed_event_ids_are_rejected() {
+        for bad in ["", "42", "p1", "p1.x2", "px.e1", "p1.e1.e2"] {
+            assert!(StreamPosition::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! `POST/GET /api/v1/experiments`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use tracing::instrument;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::ApiJson;
+use crate::app::AppState;
+use crate::store::Experiment;
+
+/// Longest experiment or run name accepted.
+pub const MAX_NAME_LEN: usize = 200;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route(
+        "/experiments",
+        get(list_experiments).post(create_experiment),
+    )
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateExperiment {
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ExperimentList {
+    pub experiments: Vec<Experiment>,
+}
+
+/// Checks a user-given name: non-blank, bounded, single line.
+pub fn validate_name(field: &str, name: &str) -> Result<(), ApiError> {
+    if name.trim().is_empty() {
+        return Err(ApiError::unprocessable(
+            field,
+            format!("{field} must not be empty"),
+        ));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(ApiError::unprocessable(
+            field,
+            format!(
+                "{field} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
+                name.len()
+            ),
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(ApiError::unprocessable(
+            field,
+            format!("{field} must not contain control characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// Creates an experiment; names are unique.
+#[utoipa::path(post, path = "/api/v1/experiments", tag = "experiments",
+    request_body = CreateExperiment,
+    responses(
+        (status = 201, description = "Created", body = Experiment),
+        (status = 409, description = "An experiment with that name exists", body = ErrorBody),
+        (status = 422, description = "Invalid name", body = ErrorBody),
+    ))]
+#[instrument(skip(state, body))]
+pub async fn create_experiment(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateExperiment>,
+) -> Result<(StatusCode, Json<Experiment>), ApiError> {
+    validate_name("name", &body.name)?;
+    let experiment = state.store.create_experiment(body.name.trim()).await?;
+    Ok((StatusCode::CREATED, Json(experiment)))
+}
+
+/// Lists every experiment.
+#[utoipa::path(get, path = "/api/v1/experiments", tag = "experiments",
+    responses((status = 200, body = ExperimentList)))]
+#[instrument(skip(state))]
+pub async fn list_experiments(
+    State(state): State<AppState>,
+) -> Result<Json<ExperimentList>, ApiError> {
+    let experiments = state.store.list_experiments().await?;
+    Ok(Json(ExperimentList { experiments }))
+}

@@ -1,0 +1,336 @@
+//! `POST/GET /api/v1/runs`, `GET/PATCH /api/v1/runs/{id}`.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use tracing::instrument;
+use trainer::wire::RunPatch;
+
+use super::error::{ApiError, ErrorBody};
+use super::experiments::validate_name;
+use super::extract::{ApiJson, ApiQuery};
+use super::openapi::RunPatchDoc;
+use crate::app::AppState;
+use crate::status::change_status;
+use crate::store::filter::Filter;
+use crate::store::{
+    NewRun, Run, RunPage, RunQuery, RunStatus, RunUpdate, SortDir, SortKey, DEFAULT_EXPERIMENT,
+};
+
+/// Page size when `limit` is absent, and the largest allowed.
+pub const DEFAULT_LIMIT: usize = 100;
+pub const MAX_LIMIT: usize = 1000;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/runs", get(search_runs).post(create_run))
+        .route("/runs/{id}", get(get_run).patch(patch_run))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    /// Experiment id or name; a new name creates the experiment. Default: `Default`.
+    #[serde(default)]
+    pub experiment: Option<String>,
+    /// Generated when absent.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Resolved config (a JSON object); flattened into params. Write-once.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Value>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Query string of `GET /api/v1/runs`. Everything is a string so each bad value gets an error
+/// naming its parameter.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SearchParams {
+    /// Experiment id or name.
+    pub experiment: Option<String>,
+    /// One of created, queued, running, finished, failed, stopped.
+    pub status: Option<String>,
+    /// `key` (tag present) or `key=value`.
+    pub tag: Option<String>,
+    /// Filter, e.g. `metrics.val/loss < 2.5 and params.training.lr = 0.001`.
+    pub q: Option<String>,
+    /// `created_at`, `name`, `status`, `params.<key>` or `metrics.<key>`; prefix `-` for
+    /// descending. Default `-created_at`.
+    pub sort: Option<String>,
+    /// 1..=1000, default 100.
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// Parses `sort`: `[-]created_at|name|status|params.<key>|metrics.<key>`.
+pub fn parse_sort(text: &str) -> Result<(SortKey, SortDir), ApiError> {
+    let (dir, name) = match text.strip_prefix('-') {
+        Some(rest) => (SortDir::Desc, rest),
+        None => (SortDir::Asc, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let key = match name {
+        "created_at" => SortKey::CreatedAt,
+        "name" => SortKey::Name,
+        "status" => SortKey::Status,
+        _ => match name.split_once('.') {
+            Some(("params", key)) if !key.is_empty() => SortKey::Param(key.to_string()),
+            Some(("metrics", key)) if !key.is_empty() => SortKey::Metric(key.to_string()),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "sort",
+                    format!(
+                        "cannot sort by `{text}`: expected created_at, name, status, \
+                         params.<key> or metrics.<key>, optionally prefixed with `-`"
+                    ),
+                ))
+            }
+        },
+    };
+    Ok((key, dir))
+}
+
+pub fn parse_limit(text: Option<&str>) -> Result<usize, ApiError> {
+    let Some(text) = text else {
+        return Ok(DEFAULT_LIMIT);
+    };
+    match text.parse::<usize>() {
+        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+        _ => Err(ApiError::bad_request(
+            "limit",
+            format!("limit must be an integer from 1 to {MAX_LIMIT}, got `{text}`"),
+        )),
+    }
+}
+
+pub fn parse_status(text: &str) -> Result<RunStatus, ApiError> {
+    text.parse::<RunStatus>()
+        .map_err(|message| ApiError::bad_request("status", message))
+}
+
+fn parse_filter(text: &str) -> Result<Option<Filter>, ApiError> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    Filter::parse(text)
+        .map(Some)
+        .map_err(|e| ApiError::InvalidFilter {
+            position: e.position,
+            message: e.message,
+        })
+}
+
+fn validate_config(config: &Option<serde_json::Value>) -> Result<(), ApiError> {
+    match config {
+        Some(v) if !v.is_object() => Err(ApiError::unprocessable(
+            "config",
+            "config must be a JSON object",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn validate_tags(tags: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    for key in tags.keys() {
+        validate_name("tags", key)?;
+    }
+    Ok(())
+}
+
+/// Creates a run (status `created`) in an experiment named or identified by `experiment`.
+#[utoipa::path(post, path = "/api/v1/runs", tag = "runs",
+    request_body = CreateRun,
+    responses(
+        (status = 201, description = "Created", body = Run),
+        (status = 422, description = "Invalid field", body = ErrorBody),
+    ))]
+#[instrument(skip(state, body))]
+pub async fn create_run(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateRun>,
+) -> Result<(StatusCode, Json<Run>), ApiError> {
+    let experiment = body.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT);
+    validate_name("experiment", experiment)?;
+    if let Some(name) = &body.name {
+        validate_name("name", name)?;
+    }
+    validate_config(&body.config)?;
+    validate_tags(&body.tags)?;
+    let experiment = state.store.resolve_experiment(experiment.trim()).await?;
+    let run = state
+        .store
+        .create_run(NewRun {
+            experiment_id: experiment.id,
+            name: body.name.map(|n| n.trim().to_string()),
+            config: body.config,
+            tags: body.tags,
+            status: None,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(run)))
+}
+
+/// One run with its params, tags and latest value of every metric.
+#[utoipa::path(get, path = "/api/v1/runs/{id}", tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    responses((status = 200, body = Run), (status = 404, body = ErrorBody)))]
+#[instrument(skip(state))]
+pub async fn get_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Run>, ApiError> {
+    Ok(Json(state.store.get_run(&id).await?))
+}
+
+/// Searches runs with filters on status, tags, params and latest metrics; cursor-paginated.
+#[utoipa::path(get, path = "/api/v1/runs", tag = "runs",
+    params(SearchParams),
+    responses((status = 200, body = RunPage), (status = 400, body = ErrorBody)))]
+#[instrument(skip(state))]
+pub async fn search_runs(
+    State(state): State<AppState>,
+    ApiQuery(params): ApiQuery<SearchParams>,
+) -> Result<Json<RunPage>, ApiError> {
+    let (sort, dir) = match params.sort.as_deref() {
+        Some(text) if !text.is_empty() => parse_sort(text)?,
+        _ => (SortKey::CreatedAt, SortDir::Desc),
+    };
+    let limit = parse_limit(params.limit.as_deref())?;
+    let status = params.status.as_deref().map(parse_status).transpose()?;
+    let filter = match params.q.as_deref() {
+        Some(q) => parse_filter(q)?,
+        None => None,
+    };
+    let experiment_id = match params.experiment.as_deref() {
+        Some(e) if !e.is_empty() => Some(state.store.get_experiment(e).await?.id),
+        _ => None,
+    };
+    let query = RunQuery {
+        experiment_id,
+        status,
+        tag: params.tag.filter(|t| !t.is_empty()),
+        filter,
+        sort,
+        dir,
+        limit,
+        cursor: params.cursor.filter(|c| !c.is_empty()),
+    };
+    Ok(Json(state.store.search_runs(&query).await?))
+}
+
+/// Updates name, tags (merged), notes, the write-once config, and/or the status (with a reason).
+#[utoipa::path(patch, path = "/api/v1/runs/{id}", tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    request_body = RunPatchDoc,
+    responses(
+        (status = 200, description = "The updated run", body = Run),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Config already set to something else", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+#[instrument(skip(state, patch))]
+pub async fn patch_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(patch): ApiJson<RunPatch>,
+) -> Result<Json<Run>, ApiError> {
+    if let Some(name) = &patch.name {
+        validate_name("name", name)?;
+    }
+    validate_config(&patch.config)?;
+    if let Some(tags) = &patch.tags {
+        validate_tags(tags)?;
+    }
+    if patch.reason.is_some() && patch.status.is_none() {
+        return Err(ApiError::unprocessable(
+            "reason",
+            "a reason is only accepted together with a status",
+        ));
+    }
+    let update = RunUpdate {
+        name: patch.name.map(|n| n.trim().to_string()),
+        tags: patch.tags,
+        notes: patch.notes,
+        config: patch.config,
+    };
+    let has_update = update.name.is_some()
+        || update.tags.is_some()
+        || update.notes.is_some()
+        || update.config.is_some();
+    let mut run = if has_update {
+        state.store.update_run(&id, update).await?
+    } else {
+        state.store.get_run(&id).await?
+    };
+    if let Some(status) = patch.status {
+        if status != run.status {
+            change_status(
+                state.store.as_ref(),
+                &state.live,
+                &id,
+                status,
+                patch.reason.as_deref(),
+                None,
+            )
+            .await?;
+            run = state.store.get_run(&id).await?;
+        }
+    }
+    Ok(Json(run))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_specs_parse_into_key_and_direction() {
+        let cases = [
+            ("created_at", SortKey::CreatedAt, SortDir::Asc),
+            ("-created_at", SortKey::CreatedAt, SortDir::Desc),
+            ("name", SortKey::Name, SortDir::Asc),
+            (
+                "-metrics.val/loss",
+                SortKey::Metric("val/loss".into()),
+                SortDir::Desc,
+            ),
+            (
+                "params.training.lr",
+                SortKey::Param("training.lr".into()),
+                SortDir::Asc,
+            ),
+        ];
+        for (text, key, dir) in cases {
+            let (k, d) = parse_sort(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!((k, d), (key, dir), "{text}");
+        }
+    }
+
+    #[test]
+    fn unknown_sort_keys_are_rejected_naming_the_sort_field() {
+        for text in ["bogus", "params.", "metrics", "-", "latest.loss"] {
+            match parse_sort(text) {
+                Err(ApiError::BadRequest { field, .. }) => {
+                    assert_eq!(field.as_deref(), Some("sort"))
+                }
+                other => panic!("{text}: expected bad request, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn limits_outside_one_to_a_thousand_are_rejected() {
+        assert_eq!(parse_limit(None).ok(), Some(DEFAULT_LIMIT));
+        assert_eq!(parse_limit(Some("1000")).ok(), Some(1000));
+        for bad in ["0", "1001", "-1", "ten", ""] {
+            assert!(parse_limit(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}
