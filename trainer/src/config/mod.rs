@@ -320,3 +320,12 @@ impl Default for LoggingConfig {
         }
     }
 }
+
+mod error;
+mod load;
+mod overrides;
+mod validate;
+
+pub use error::ConfigError;
+pub use load::PROFILES;
+pub use validate::DeviceSpec;

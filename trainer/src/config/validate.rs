@@ -1,0 +1,256 @@
+//! Cross-field and range rules, checked before any work starts.
+
+use super::{Config, ConfigError, PositionKind};
+
+/// Where training runs, parsed from `training.device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// The GPU when built with CUDA and one is present, else the CPU.
+    Auto,
+    Cpu,
+    /// A CUDA device by ordinal (`cuda` = `cuda:0`).
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(DeviceSpec::Auto),
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<usize>().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| format!("expected auto, cpu, cuda or cuda:N, got {other:?}")),
+        }
+    }
+}
+
+fn positive(key: &str, v: usize) -> Result<(), ConfigError> {
+    if v == 0 {
+        return Err(ConfigError::invalid(key, "must be at least 1"));
+    }
+    Ok(())
+}
+
+fn positive_f(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !(v.is_finite() && v > 0.0) {
+        return Err(ConfigError::invalid(key, format!("must be > 0, got {v}")));
+    }
+    Ok(())
+}
+
+fn non_negative(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(ConfigError::invalid(key, format!("must be >= 0, got {v}")));
+    }
+    Ok(())
+}
+
+/// Probabilities and betas: in [0, 1).
+fn unit_open(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !(0.0..1.0).contains(&v) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("must be in [0, 1), got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Checks every rule; the first violation is returned, naming its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_model()?;
+        self.validate_training()?;
+        self.validate_data()?;
+        self.validate_logging()
+    }
+
+    fn validate_model(&self) -> Result<(), ConfigError> {
+        let m = &self.model;
+        positive("model.vocab_size", m.vocab_size)?;
+        positive("model.d_model", m.d_model)?;
+        positive("model.n_layers", m.n_layers)?;
+        positive("model.n_heads", m.n_heads)?;
+        positive("model.d_ff", m.d_ff)?;
+        positive("model.max_seq_len", m.max_seq_len)?;
+        if m.d_model % m.n_heads != 0 {
+            return Err(ConfigError::invalid(
+                "model.d_model",
+                format!(
+                    "must be divisible by model.n_heads ({} % {} = {})",
+                    m.d_model,
+                    m.n_heads,
+                    m.d_model % m.n_heads
+                ),
+            ));
+        }
+        if m.position == PositionKind::Rope && (m.d_model / m.n_heads) % 2 != 0 {
+            return Err(ConfigError::invalid(
+                "model.position",
+                format!(
+                    "rope needs an even head dimension, d_model / n_heads = {}",
+                    m.d_model / m.n_heads
+                ),
+            ));
+        }
+        unit_open("model.dropout", m.dropout)?;
+        positive_f("model.rope_theta", m.rope_theta)?;
+        positive_f("model.norm_eps", m.norm_eps)?;
+        positive_f("model.init_std", m.init_std)?;
+        if let Some(moe) = &m.moe {
+            positive("model.moe.num_experts", moe.num_experts)?;
+            positive("model.moe.top_k", moe.top_k)?;
+            if moe.top_k > moe.num_experts {
+                return Err(ConfigError::invalid(
+                    "model.moe.top_k",
+                    format!(
+                        "must be <= model.moe.num_experts ({} > {})",
+                        moe.top_k, moe.num_experts
+                    ),
+                ));
+            }
+            positive("model.moe.every_n_layers", moe.every_n_layers)?;
+            if moe.every_n_layers > m.n_layers {
+                return Err(ConfigError::invalid(
+                    "model.moe.every_n_layers",
+                    format!(
+                        "must be <= model.n_layers ({}), or no block would use MoE",
+                        m.n_layers
+                    ),
+                ));
+            }
+            non_negative("model.moe.capacity_factor", moe.capacity_factor)?;
+            non_negative("model.moe.aux_loss_weight", moe.aux_loss_weight)?;
+            non_negative("model.moe.z_loss_weight", moe.z_loss_weight)?;
+            unit_open("model.moe.router_jitter", moe.router_jitter)?;
+        }
+        Ok(())
+    }
+
+    fn validate_training(&self) -> Result<(), ConfigError> {
+        let t = &self.training;
+        positive("training.batch_size", t.batch_size)?;
+        positive("training.seq_len", t.seq_len)?;
+        if t.seq_len > self.model.max_seq_len {
+            return Err(ConfigError::invalid(
+                "training.seq_len",
+                format!(
+                    "must be <= model.max_seq_len ({} > {})",
+                    t.seq_len, self.model.max_seq_len
+                ),
+            ));
+        }
+        positive("training.max_steps", t.max_steps)?;
+        positive_f("training.learning_rate", t.learning_rate)?;
+        non_negative("training.min_lr", t.min_lr)?;
+        if t.min_lr > t.learning_rate {
+            return Err(ConfigError::invalid(
+                "training.min_lr",
+                format!(
+                    "must be <= training.learning_rate ({} > {})",
+                    t.min_lr, t.learning_rate
+                ),
+            ));
+        }
+        if t.warmup_steps >= t.max_steps {
+            return Err(ConfigError::invalid(
+                "training.warmup_steps",
+                format!(
+                    "must be < training.max_steps ({} >= {})",
+                    t.warmup_steps, t.max_steps
+                ),
+            ));
+        }
+        positive_f("training.lr_power", t.lr_power)?;
+        if !(t.lr_gamma > 0.0 && t.lr_gamma <= 1.0) {
+            return Err(ConfigError::invalid(
+                "training.lr_gamma",
+                format!("must be in (0, 1], got {}", t.lr_gamma),
+            ));
+        }
+        unit_open("training.beta1", t.beta1)?;
+        unit_open("training.beta2", t.beta2)?;
+        positive_f("training.eps", t.eps)?;
+        unit_open("training.momentum", t.momentum)?;
+        non_negative("training.weight_decay", t.weight_decay)?;
+        non_negative("training.grad_clip", t.grad_clip)?;
+        positive("training.grad_accum_steps", t.grad_accum_steps)?;
+        positive("training.eval_iters", t.eval_iters)?;
+        t.device
+            .parse::<DeviceSpec>()
+            .map_err(|msg| ConfigError::invalid("training.device", msg))?;
+        if matches!(&t.init_from, Some(p) if p.trim().is_empty()) {
+            return Err(ConfigError::invalid(
+                "training.init_from",
+                "must be a checkpoint path or null",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_data(&self) -> Result<(), ConfigError> {
+        let d = &self.data;
+        if d.dataset.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                "data.dataset",
+                "must be `dummy`, `demo` or a path",
+            ));
+        }
+        if d.text_column.is_empty() {
+            return Err(ConfigError::invalid(
+                "data.text_column",
+                "must not be empty",
+            ));
+        }
+        match d.tokenizer.as_str() {
+            "" => {
+                return Err(ConfigError::invalid(
+                    "data.tokenizer",
+                    "must be `bytes`, `bpe` or a tokenizer.json path",
+                ))
+            }
+            "bytes" | "bpe" if self.model.vocab_size < 256 => {
+                return Err(ConfigError::invalid(
+                    "model.vocab_size",
+                    format!(
+                        "must be >= 256 with data.tokenizer = {} (got {})",
+                        d.tokenizer, self.model.vocab_size
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        unit_open("data.val_fraction", d.val_fraction)?;
+        if !(d.near_dedup_threshold > 0.0 && d.near_dedup_threshold <= 1.0) {
+            return Err(ConfigError::invalid(
+                "data.near_dedup_threshold",
+                format!("must be in (0, 1], got {}", d.near_dedup_threshold),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_logging(&self) -> Result<(), ConfigError> {
+        let l = &self.logging;
+        positive("logging.log_every", l.log_every)?;
+        positive("logging.moe_every", l.moe_every)?;
+        if l.flush_interval_ms == 0 {
+            return Err(ConfigError::invalid(
+                "logging.flush_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if !matches!(l.progress.as_str(), "auto" | "always" | "never") {
+            return Err(ConfigError::invalid(
+                "logging.progress",
+                format!("must be auto, always or never, got {:?}", l.progress),
+            ));
+        }
+        Ok(())
+    }
+}
