@@ -151,7 +151,8 @@ pub async fn submit(State(d): State<Dashboard>, Form(f): Form<LaunchFields>) -> 
     };
     let problem = match checked {
         Ok((cfg, gpus)) => {
-            let config = serde_json::to_value(&cfg).map_err(|e| PageError::Internal(e.to_string()))?;
+            let config =
+                serde_json::to_value(&cfg).map_err(|e| PageError::Internal(e.to_string()))?;
             let experiment = if f.experiment.trim().is_empty() {
                 "Default"
             } else {
@@ -163,10 +164,14 @@ pub async fn submit(State(d): State<Dashboard>, Form(f): Form<LaunchFields>) -> 
                 if let Some(id) = json.get("id").and_then(|v| v.as_str()) {
                     return Ok(Redirect::to(&format!("/runs/{id}")).into_response());
                 }
-                return Err(PageError::Internal(format!("launch answered without an id: {json}")));
+                return Err(PageError::Internal(format!(
+                    "launch answered without an id: {json}"
+                )));
             }
             if status.is_server_error() {
-                return Err(PageError::Internal(format!("launch failed with {status}: {json}")));
+                return Err(PageError::Internal(format!(
+                    "launch failed with {status}: {json}"
+                )));
             }
             let field = json.pointer("/error/field").and_then(|v| v.as_str());
             Problem {
@@ -213,7 +218,10 @@ mod tests {
 
     #[test]
     fn a_yaml_syntax_message_yields_its_line() {
-        assert_eq!(syntax_line("mapping values are not allowed at line 3 column 9"), Some(3));
+        assert_eq!(
+            syntax_line("mapping values are not allowed at line 3 column 9"),
+            Some(3)
+        );
         assert_eq!(syntax_line("no position here"), None);
     }
 
@@ -222,7 +230,10 @@ mod tests {
         let yaml = "model:\n  d_model: 64\n  n_heads: 5\ntraining:\n  max_steps: 10\n";
         let problem = check_config(yaml, &[]).err().map(|p| (p.line, p.message));
         let (line, message) = problem.unwrap_or((None, String::new()));
-        assert!(message.contains("model."), "message names the key: {message}");
+        assert!(
+            message.contains("model."),
+            "message names the key: {message}"
+        );
         assert!(matches!(line, Some(2) | Some(3)), "line {line:?}");
     }
 

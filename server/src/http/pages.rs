@@ -3,7 +3,7 @@
 //! the API (stop, relaunch, launch) go through the API router in-process, so there is one
 //! implementation of each.
 
-//use super::launch_page;
+use super::launch_page;
 use super::views::*;
 use crate::store::{DynStore, Run, RunQuery, RunStatus, StoreError};
 use askama::Template;
@@ -145,7 +145,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<
         .route("/runs/{id}/relaunch", post(relaunch_run))
         .route("/runs/{id}/checkpoints/{name}", get(download_checkpoint))
         .route("/compare", get(compare_page))
-        //LAUNCH
+        .route("/launch", get(launch_page::form).post(launch_page::submit))
         .route("/static/{file}", get(static_file))
         .with_state(dashboard)
 }
@@ -728,7 +728,7 @@ async fn relaunch_run(State(d): State<Dashboard>, Path(id): Path<String>) -> Pag
         .get("gpus")
         .and_then(|g| g.parse::<u32>().ok())
         .unwrap_or(0);
-    let body = crate::http::pages::launch_body_tmp(
+    let body = launch_page::launch_body(
         &run.experiment_id,
         Some(&format!("{}-relaunch", run.name)),
         config,
@@ -848,13 +848,4 @@ async fn compare_page(
         params,
     };
     html(view)
-}
-pub fn launch_body_tmp(
-    _: &str,
-    _: Option<&str>,
-    c: serde_json::Value,
-    _: u32,
-    _: Option<&str>,
-) -> serde_json::Value {
-    c
 }

@@ -516,5 +516,5 @@ pub fn annotate_yaml(yaml: &str, line: Option<usize>, message: &str) -> Vec<Anno
 
 /// Parses the runs table's `q` with the API's query language.
 pub fn parse_q(q: &str) -> Result<crate::store::filter::Filter, String> {
-    Err(format!("the query language is not available yet (`{q}`)"))
+    crate::store::filter::Filter::parse(q).map_err(|e| e.to_string())
 }

@@ -20,13 +20,20 @@ async fn a_run_page_shows_points_posted_after_it_loaded_without_a_reload() {
     app.post_points(&id, loss_points("train/loss", 0..50)).await;
     app.post_points(&id, loss_points("val/loss", 0..5)).await;
     let b = browser().await;
-    b.client.goto(&app.url(&format!("/runs/{id}"))).await.expect("goto");
-    b.wait_for("return document.body.dataset.ready === 'true'", WAIT).await;
-    let before = b.eval("return window.__trainyard.charts['train/loss'].points").await;
+    b.client
+        .goto(&app.url(&format!("/runs/{id}")))
+        .await
+        .expect("goto");
+    b.wait_for("return document.body.dataset.ready === 'true'", WAIT)
+        .await;
+    let before = b
+        .eval("return window.__trainyard.charts['train/loss'].points")
+        .await;
     assert_eq!(before, json!(50));
     b.eval("window.__sameDocument = 'yes'; return null").await;
 
-    app.post_points(&id, loss_points("train/loss", 50..60)).await;
+    app.post_points(&id, loss_points("train/loss", 50..60))
+        .await;
     b.wait_for(
         "const c = window.__trainyard.charts['train/loss']; return c.points === 60 && c.lastStep === 59",
         WAIT,
@@ -38,7 +45,11 @@ async fn a_run_page_shows_points_posted_after_it_loaded_without_a_reload() {
         WAIT,
     )
     .await;
-    assert_eq!(b.eval("return window.__sameDocument").await, json!("yes"), "page reloaded");
+    assert_eq!(
+        b.eval("return window.__sameDocument").await,
+        json!("yes"),
+        "page reloaded"
+    );
     b.screenshot("run").await;
     b.close().await;
 }
@@ -55,10 +66,15 @@ async fn the_runs_table_selects_two_runs_and_the_compare_page_overlays_them() {
             "config": {"training": {"learning_rate": 0.001, "batch_size": 8}}, "tags": {"sweep": "lr"}}))
         .await;
     app.post_points(&a, loss_points("train/loss", 0..80)).await;
-    app.post_points(&b_id, loss_points("train/loss", 0..60)).await;
+    app.post_points(&b_id, loss_points("train/loss", 0..60))
+        .await;
     let b = browser().await;
     b.client.goto(&app.url("/")).await.expect("goto");
-    b.wait_for("return document.querySelectorAll('#runs-table tbody tr').length === 2", WAIT).await;
+    b.wait_for(
+        "return document.querySelectorAll('#runs-table tbody tr').length === 2",
+        WAIT,
+    )
+    .await;
     b.screenshot("runs").await;
     for id in [&a, &b_id] {
         b.client
@@ -69,8 +85,15 @@ async fn the_runs_table_selects_two_runs_and_the_compare_page_overlays_them() {
             .await
             .expect("click");
     }
-    b.client.find(Locator::Id("compare-button")).await.expect("button").click().await.expect("click");
-    b.wait_for("return document.body.dataset.ready === 'true'", WAIT).await;
+    b.client
+        .find(Locator::Id("compare-button"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
+    b.wait_for("return document.body.dataset.ready === 'true'", WAIT)
+        .await;
     let series = b.eval("return window.__trainyard.compare.series").await;
     let points: Vec<i64> = series
         .as_array()
@@ -94,8 +117,10 @@ async fn a_hostile_run_name_and_a_quoted_tag_render_as_text_on_every_page() {
     let name = "<img src=x onerror=alert(1)>";
     let tag = r#"say "hi" & 'bye'"#;
     let id = app
-        .create_run(json!({"experiment": "<b>exp</b>", "name": name, "tags": {"quote": tag},
-            "config": {"training": {"learning_rate": 0.001}}}))
+        .create_run(
+            json!({"experiment": "<b>exp</b>", "name": name, "tags": {"quote": tag},
+            "config": {"training": {"learning_rate": 0.001}}}),
+        )
         .await;
     app.post_points(&id, loss_points("train/loss", 0..10)).await;
     let b = browser().await;
@@ -106,13 +131,18 @@ async fn a_hostile_run_name_and_a_quoted_tag_render_as_text_on_every_page() {
     ] {
         b.client.goto(&app.url(&path)).await.expect("goto");
         // An alert would make this fail with "unexpected alert open".
-        let injected = b.eval("return document.querySelectorAll('img[src=\"x\"], b').length").await;
+        let injected = b
+            .eval("return document.querySelectorAll('img[src=\"x\"], b').length")
+            .await;
         assert_eq!(injected, json!(0), "markup injected on {path}");
         let text = b.eval("return document.body.innerText").await;
         let text = text.as_str().unwrap_or_default();
         assert!(text.contains(name), "{path} does not show the name as text");
         if page != "escaping-compare" {
-            assert!(text.contains(&format!("quote={tag}")), "{path} does not show the tag");
+            assert!(
+                text.contains(&format!("quote={tag}")),
+                "{path} does not show the tag"
+            );
         }
         b.screenshot(page).await;
     }
@@ -122,12 +152,18 @@ async fn a_hostile_run_name_and_a_quoted_tag_render_as_text_on_every_page() {
 #[tokio::test]
 async fn a_moe_run_page_draws_an_expert_utilisation_heatmap_per_layer() {
     let app = spawn_app().await;
-    let id = app.create_run(json!({"experiment": "moe", "name": "tiny-moe"})).await;
+    let id = app
+        .create_run(json!({"experiment": "moe", "name": "tiny-moe"}))
+        .await;
     let mut points = vec![];
     for step in 0..40i64 {
         for layer in 0..2 {
             for e in 0..4 {
-                let skew = if e == 0 { 0.1 * (step as f64 / 40.0) } else { 0.0 };
+                let skew = if e == 0 {
+                    0.1 * (step as f64 / 40.0)
+                } else {
+                    0.0
+                };
                 points.push(json!({"key": format!("moe/layer{layer}/expert{e}"), "step": step, "value": 0.25 + skew - skew / 3.0 * f64::from(e != 0)}));
             }
         }
@@ -135,13 +171,31 @@ async fn a_moe_run_page_draws_an_expert_utilisation_heatmap_per_layer() {
     }
     app.post_points(&id, serde_json::Value::Array(points)).await;
     let b = browser().await;
-    b.client.goto(&app.url(&format!("/runs/{id}"))).await.expect("goto");
-    b.wait_for("return document.body.dataset.ready === 'true'", WAIT).await;
-    let layers = b.eval("return document.querySelectorAll('.heat-box').length").await;
+    b.client
+        .goto(&app.url(&format!("/runs/{id}")))
+        .await
+        .expect("goto");
+    b.wait_for("return document.body.dataset.ready === 'true'", WAIT)
+        .await;
+    let layers = b
+        .eval("return document.querySelectorAll('.heat-box').length")
+        .await;
     assert_eq!(layers, json!(2));
-    b.wait_for("return document.querySelector('.heat-box').dataset.cells === '160'", WAIT).await;
-    app.post_points(&id, json!([{"key": "moe/layer0/expert1", "step": 40, "value": 0.5}])).await;
-    b.wait_for("return document.querySelector('.heat-box').dataset.cells === '161'", WAIT).await;
+    b.wait_for(
+        "return document.querySelector('.heat-box').dataset.cells === '160'",
+        WAIT,
+    )
+    .await;
+    app.post_points(
+        &id,
+        json!([{"key": "moe/layer0/expert1", "step": 40, "value": 0.5}]),
+    )
+    .await;
+    b.wait_for(
+        "return document.querySelector('.heat-box').dataset.cells === '161'",
+        WAIT,
+    )
+    .await;
     b.screenshot("run-moe").await;
     b.close().await;
 }
@@ -150,20 +204,43 @@ async fn a_moe_run_page_draws_an_expert_utilisation_heatmap_per_layer() {
 async fn the_launch_form_shows_a_validation_error_at_the_offending_yaml_line() {
     let app = spawn_app().await;
     let b = browser().await;
-    b.client.goto(&app.url("/launch?profile=tiny")).await.expect("goto");
-    let yaml = b.eval("return document.getElementById('l-yaml').value").await;
+    b.client
+        .goto(&app.url("/launch?profile=tiny"))
+        .await
+        .expect("goto");
+    let yaml = b
+        .eval("return document.getElementById('l-yaml').value")
+        .await;
     let yaml = yaml.as_str().expect("yaml").to_string();
     assert!(yaml.contains("n_heads: 4"), "profile YAML loaded: {yaml}");
     let bad = yaml.replace("n_heads: 4", "n_heads: 5");
     b.client
-        .execute("document.getElementById('l-yaml').value = arguments[0]; return null", vec![json!(bad)])
+        .execute(
+            "document.getElementById('l-yaml').value = arguments[0]; return null",
+            vec![json!(bad)],
+        )
         .await
         .expect("set yaml");
-    b.client.find(Locator::Id("launch-submit")).await.expect("submit").click().await.expect("click");
-    b.wait_for("return document.getElementById('launch-error') !== null", WAIT).await;
-    let line = b.eval("const d = document.querySelector('[data-error-line]'); return d && d.textContent").await;
+    b.client
+        .find(Locator::Id("launch-submit"))
+        .await
+        .expect("submit")
+        .click()
+        .await
+        .expect("click");
+    b.wait_for(
+        "return document.getElementById('launch-error') !== null",
+        WAIT,
+    )
+    .await;
+    let line = b
+        .eval("const d = document.querySelector('[data-error-line]'); return d && d.textContent")
+        .await;
     let line = line.as_str().unwrap_or_default();
-    assert!(line.contains("n_heads: 5") || line.contains("d_model"), "error shown at: {line}");
+    assert!(
+        line.contains("n_heads: 5") || line.contains("d_model"),
+        "error shown at: {line}"
+    );
     assert!(line.contains("model."), "message names the key: {line}");
     b.screenshot("launch-error").await;
     b.close().await;

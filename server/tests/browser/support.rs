@@ -46,7 +46,12 @@ impl TestApp {
             .send()
             .await
             .expect("create run");
-        assert_eq!(res.status().as_u16(), 201, "create run: {:?}", res.text().await);
+        assert_eq!(
+            res.status().as_u16(),
+            201,
+            "create run: {:?}",
+            res.text().await
+        );
         let v: Value = res.json().await.expect("json");
         v["id"].as_str().expect("run id").to_string()
     }
@@ -59,7 +64,11 @@ impl TestApp {
             .send()
             .await
             .expect("post metrics");
-        assert!(res.status().is_success(), "post metrics: {:?}", res.text().await);
+        assert!(
+            res.status().is_success(),
+            "post metrics: {:?}",
+            res.text().await
+        );
     }
 
     pub async fn patch(&self, run_id: &str, body: Value) {
@@ -178,20 +187,29 @@ impl Browser {
     pub async fn wait_for(&self, script: &str, timeout: Duration) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            let v = self.client.execute(script, vec![]).await.expect("execute script");
-            let truthy = !matches!(&v, Value::Null | Value::Bool(false))
-                && v != json!(0)
-                && v != json!("");
+            let v = self
+                .client
+                .execute(script, vec![])
+                .await
+                .expect("execute script");
+            let truthy =
+                !matches!(&v, Value::Null | Value::Bool(false)) && v != json!(0) && v != json!("");
             if truthy {
                 return v;
             }
-            assert!(Instant::now() < deadline, "timed out waiting for `{script}` (last: {v})");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for `{script}` (last: {v})"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     pub async fn eval(&self, script: &str) -> Value {
-        self.client.execute(script, vec![]).await.expect("execute script")
+        self.client
+            .execute(script, vec![])
+            .await
+            .expect("execute script")
     }
 
     /// Saves a PNG of the current page as `target/screenshots/<name>.png`.
