@@ -260,9 +260,11 @@ pub trait Store: Send + Sync + 'static {
 
 pub type DynStore = Arc<dyn Store>;
 
+mod common;
 pub mod downsample;
 pub mod filter;
 pub mod postgres;
+mod search_filter;
 pub mod sqlite;
 
 /// Opens the store the URL names (`sqlite:` or `postgres://`) and runs its migrations.

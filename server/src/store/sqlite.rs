@@ -1,10 +1,765 @@
-//! SQLite backend. (Being written.)
-pub struct SqliteStore;
+//! SQLite backend: the embedded default. Writes go through a one-connection pool so writers
+//! queue in-process instead of failing with "database is locked"; reads use a separate pool
+//! (WAL lets them run beside the writer).
+
+use super::common::{self, Arg, Details, RunRow, SortValues, SqlSink, RUN_COLUMNS};
+use super::downsample::{self, Agg, Extreme, SeriesSource};
+use super::filter::Filter;
+use super::{
+    now_ms, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run, RunEvent, RunPage, RunQuery,
+    RunStatus, RunUpdate, Series, SeriesPoint, Store, StoreError, StoreResult, StoredPoint,
+};
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub struct SqliteStore {
+    write: SqlitePool,
+    read: SqlitePool,
+}
+
+/// Rows per multi-row INSERT (4 to 10 binds each, well under SQLite's variable limit).
+const CHUNK: usize = 500;
+
+impl<'a> SqlSink for QueryBuilder<'a, Sqlite> {
+    fn sql(&mut self, s: &str) {
+        self.push(s);
+    }
+    fn arg(&mut self, a: Arg) {
+        match a {
+            Arg::Text(s) => self.push_bind(s),
+            Arg::Int(i) => self.push_bind(i),
+            Arg::Real(f) => self.push_bind(f),
+        };
+    }
+    fn filter(&mut self, f: &Filter) -> StoreResult<()> {
+        super::search_filter::push_sqlite(f, self)
+    }
+}
+
+fn run_row(row: &SqliteRow) -> Result<RunRow, sqlx::Error> {
+    Ok(RunRow {
+        id: row.try_get(0)?,
+        experiment_id: row.try_get(1)?,
+        name: row.try_get(2)?,
+        status: row.try_get(3)?,
+        created_at: row.try_get(4)?,
+        started_at: row.try_get(5)?,
+        ended_at: row.try_get(6)?,
+        config: row.try_get(7)?,
+        notes: row.try_get(8)?,
+        exit_code: row.try_get(9)?,
+        exit_signal: row.try_get(10)?,
+        exit_message: row.try_get(11)?,
+    })
+}
+
+fn experiment(row: &SqliteRow) -> Result<Experiment, sqlx::Error> {
+    Ok(Experiment {
+        id: row.try_get(0)?,
+        name: row.try_get(1)?,
+        created_at: row.try_get(2)?,
+    })
+}
+
+fn event(row: &SqliteRow) -> StoreResult<RunEvent> {
+    let from: Option<String> = row.try_get(3)?;
+    let to: String = row.try_get(4)?;
+    Ok(RunEvent {
+        seq: row.try_get(0)?,
+        run_id: row.try_get(1)?,
+        time: row.try_get(2)?,
+        from_status: from.as_deref().map(common::parse_status).transpose()?,
+        to_status: common::parse_status(&to)?,
+        reason: row.try_get(5)?,
+    })
+}
+
 impl SqliteStore {
-    pub async fn connect(_url: &str) -> super::StoreResult<Self> {
-        Err(super::StoreError::Invalid {
+    /// Opens (creating the file and its directory if missing) and migrates the database.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        let invalid = |message: String| StoreError::Invalid {
             field: "database_url",
-            message: "sqlite store not built yet".into(),
+            message,
+        };
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| invalid(format!("bad SQLite URL `{url}`: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(30))
+            .foreign_keys(true);
+        let path = options.get_filename().to_path_buf();
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        if !in_memory {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    invalid(format!("cannot create directory `{}`: {e}", dir.display()))
+                })?;
+            }
+        }
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await?;
+        sqlx::migrate!("../migrations/sqlite").run(&write).await?;
+        // An in-memory database exists only on its one connection.
+        let read = if in_memory {
+            write.clone()
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(4)
+                .connect_with(options.read_only(true))
+                .await?
+        };
+        Ok(SqliteStore { write, read })
+    }
+
+    async fn run_exists(&self, id: &str) -> StoreResult<()> {
+        sqlx::query("SELECT 1 FROM runs WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.read)
+            .await?
+            .map(|_| ())
+            .ok_or_else(|| common::not_found_run(id))
+    }
+
+    async fn details(&self, ids: &[String]) -> StoreResult<Details> {
+        let mut d = Details::default();
+        if ids.is_empty() {
+            return Ok(d);
+        }
+        for (table, out) in [("run_tags", &mut d.tags), ("run_params", &mut d.params)] {
+            let mut qb = QueryBuilder::<Sqlite>::new(format!(
+                "SELECT run_id, key, value FROM {table} WHERE run_id IN "
+            ));
+            common::push_in_list(ids, &mut qb);
+            for row in qb.build().fetch_all(&self.read).await? {
+                out.push((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
+            }
+        }
+        let mut qb = QueryBuilder::<Sqlite>::new(
+            "SELECT run_id, key, last_step, last_value, last_time FROM metric_series \
+             WHERE count > 0 AND run_id IN ",
+        );
+        common::push_in_list(ids, &mut qb);
+        for row in qb.build().fetch_all(&self.read).await? {
+            d.metrics.push((
+                row.try_get(0)?,
+                row.try_get(1)?,
+                row.try_get(2)?,
+                row.try_get(3)?,
+                row.try_get(4)?,
+            ));
+        }
+        Ok(d)
+    }
+
+    async fn load_runs(&self, rows: Vec<RunRow>) -> StoreResult<Vec<Run>> {
+        let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+        let details = self.details(&ids).await?;
+        common::assemble_runs(rows, details)
+    }
+
+    async fn experiment_by(&self, column: &str, value: &str) -> StoreResult<Option<Experiment>> {
+        let sql = format!("SELECT id, name, created_at FROM experiments WHERE {column} = ?");
+        let row = sqlx::query(&sql)
+            .bind(value)
+            .fetch_optional(&self.write)
+            .await?;
+        Ok(row.as_ref().map(experiment).transpose()?)
+    }
+}
+
+async fn insert_params(
+    tx: &mut sqlx::SqliteConnection,
+    run_id: &str,
+    config: &serde_json::Value,
+) -> StoreResult<()> {
+    let params = super::flatten_params(config);
+    let params: Vec<_> = params.into_iter().collect();
+    for chunk in params.chunks(CHUNK) {
+        let mut qb =
+            QueryBuilder::<Sqlite>::new("INSERT INTO run_params (run_id, key, value, num) ");
+        qb.push_values(chunk, |mut b, (k, v)| {
+            b.push_bind(run_id)
+                .push_bind(k.clone())
+                .push_bind(v.clone())
+                .push_bind(common::param_num(v));
+        });
+        qb.build().execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+async fn upsert_tags(
+    tx: &mut sqlx::SqliteConnection,
+    run_id: &str,
+    tags: &std::collections::BTreeMap<String, String>,
+) -> StoreResult<()> {
+    let tags: Vec<_> = tags.iter().collect();
+    for chunk in tags.chunks(CHUNK) {
+        let mut qb = QueryBuilder::<Sqlite>::new("INSERT INTO run_tags (run_id, key, value) ");
+        qb.push_values(chunk, |mut b, (k, v)| {
+            b.push_bind(run_id)
+                .push_bind((*k).clone())
+                .push_bind((*v).clone());
+        });
+        qb.push(" ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value");
+        qb.build().execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+async fn insert_event(
+    tx: &mut sqlx::SqliteConnection,
+    run_id: &str,
+    time: i64,
+    from: Option<RunStatus>,
+    to: RunStatus,
+    reason: Option<&str>,
+) -> StoreResult<RunEvent> {
+    let row = sqlx::query(
+        "INSERT INTO run_events (run_id, time, from_status, to_status, reason) \
+         VALUES (?, ?, ?, ?, ?) RETURNING seq, run_id, time, from_status, to_status, reason",
+    )
+    .bind(run_id)
+    .bind(time)
+    .bind(from.map(|s| s.as_str()))
+    .bind(to.as_str())
+    .bind(reason)
+    .fetch_one(&mut *tx)
+    .await?;
+    event(&row)
+}
+
+fn agg(r: &SqliteRow) -> StoreResult<Agg> {
+    Ok(Agg {
+        count: r.try_get(0)?,
+        min: Extreme {
+            step: r.try_get(1)?,
+            value: r.try_get(2)?,
+            time: r.try_get(3)?,
+        },
+        max: Extreme {
+            step: r.try_get(4)?,
+            value: r.try_get(5)?,
+            time: r.try_get(6)?,
+        },
+    })
+}
+
+struct SqliteSeries<'a> {
+    pool: &'a SqlitePool,
+    series_id: i64,
+}
+
+#[async_trait]
+impl SeriesSource for SqliteSeries<'_> {
+    async fn raw(&self, from: i64, to: i64) -> StoreResult<Vec<SeriesPoint>> {
+        let rows = sqlx::query(
+            "SELECT step, value, time FROM metric_points \
+             WHERE series_id = ? AND step >= ? AND step <= ? ORDER BY step",
+        )
+        .bind(self.series_id)
+        .bind(from)
+        .bind(to)
+        .fetch_all(self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SeriesPoint {
+                    step: r.try_get(0)?,
+                    value: r.try_get(1)?,
+                    time: r.try_get(2)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn rollups(&self, level: u32, from: i64, to: i64) -> StoreResult<Vec<Agg>> {
+        let rows = sqlx::query(
+            "SELECT count, min_step, min_value, min_time, max_step, max_value, max_time \
+             FROM metric_rollups WHERE series_id = ? AND level = ? AND bucket >= ? AND bucket < ?",
+        )
+        .bind(self.series_id)
+        .bind(level as i32)
+        .bind(from)
+        .bind(to)
+        .fetch_all(self.pool)
+        .await?;
+        rows.iter().map(agg).collect()
+    }
+
+    async fn bounds(&self, from: i64, to: i64) -> StoreResult<Option<(i64, i64)>> {
+        let one = |order: &'static str| {
+            sqlx::query_scalar::<_, i64>(if order == "ASC" {
+                "SELECT step FROM metric_points WHERE series_id = ? AND step >= ? AND step <= ? \
+                 ORDER BY step ASC LIMIT 1"
+            } else {
+                "SELECT step FROM metric_points WHERE series_id = ? AND step >= ? AND step <= ? \
+                 ORDER BY step DESC LIMIT 1"
+            })
+            .bind(self.series_id)
+            .bind(from)
+            .bind(to)
+            .fetch_optional(self.pool)
+        };
+        let first = one("ASC").await?;
+        let last = one("DESC").await?;
+        Ok(first.zip(last))
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn create_experiment(&self, name: &str) -> StoreResult<Experiment> {
+        let name = common::valid_name("name", name)?;
+        let row = sqlx::query(
+            "INSERT INTO experiments (id, name, created_at) VALUES (?, ?, ?) \
+             RETURNING id, name, created_at",
+        )
+        .bind(common::new_id())
+        .bind(name)
+        .bind(now_ms())
+        .fetch_one(&self.write)
+        .await
+        .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")))?;
+        Ok(experiment(&row)?)
+    }
+
+    async fn get_experiment(&self, id_or_name: &str) -> StoreResult<Experiment> {
+        if let Some(e) = self.experiment_by("id", id_or_name).await? {
+            return Ok(e);
+        }
+        self.experiment_by("name", id_or_name)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                entity: "experiment",
+                id: id_or_name.to_string(),
+            })
+    }
+
+    async fn resolve_experiment(&self, id_or_name: &str) -> StoreResult<Experiment> {
+        match self.get_experiment(id_or_name).await {
+            Err(StoreError::NotFound { .. }) => {}
+            other => return other,
+        }
+        let name = common::valid_name("experiment", id_or_name)?;
+        sqlx::query(
+            "INSERT INTO experiments (id, name, created_at) VALUES (?, ?, ?) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(common::new_id())
+        .bind(name)
+        .bind(now_ms())
+        .execute(&self.write)
+        .await?;
+        self.get_experiment(name).await
+    }
+
+    async fn list_experiments(&self) -> StoreResult<Vec<Experiment>> {
+        let rows =
+            sqlx::query("SELECT id, name, created_at FROM experiments ORDER BY created_at, id")
+                .fetch_all(&self.read)
+                .await?;
+        Ok(rows.iter().map(experiment).collect::<Result<_, _>>()?)
+    }
+
+    async fn create_run(&self, new: NewRun) -> StoreResult<Run> {
+        let id = common::new_id();
+        let name = match &new.name {
+            Some(n) => common::valid_name("name", n)?.to_string(),
+            None => format!("run-{}", &id[..8]),
+        };
+        let status = new.status.unwrap_or(RunStatus::Created);
+        let config = new.config.as_ref().map(|c| c.to_string());
+        let now = now_ms();
+        let mut tx = self.write.begin().await?;
+        let exists = sqlx::query("SELECT 1 FROM experiments WHERE id = ?")
+            .bind(&new.experiment_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound {
+                entity: "experiment",
+                id: new.experiment_id.clone(),
+            });
+        }
+        sqlx::query(
+            "INSERT INTO runs (id, experiment_id, name, status, created_at, config) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&id)
+        .bind(&new.experiment_id)
+        .bind(&name)
+        .bind(status.as_str())
+        .bind(now)
+        .bind(&config)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| common::map_constraint(e, "run", "run"))?;
+        if let Some(c) = &new.config {
+            insert_params(&mut tx, &id, c).await?;
+        }
+        upsert_tags(&mut tx, &id, &new.tags).await?;
+        insert_event(&mut tx, &id, now, None, status, Some("created")).await?;
+        tx.commit().await?;
+        self.get_run(&id).await
+    }
+
+    async fn get_run(&self, id: &str) -> StoreResult<Run> {
+        let sql = format!("SELECT {RUN_COLUMNS} FROM runs r WHERE r.id = ?");
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .fetch_optional(&self.read)
+            .await?
+            .ok_or_else(|| common::not_found_run(id))?;
+        let rows = vec![run_row(&row)?];
+        let ids = vec![id.to_string()];
+        let details = self.details(&ids).await?;
+        common::assemble_runs(rows, details)?
+            .pop()
+            .ok_or_else(|| common::not_found_run(id))
+    }
+
+    async fn update_run(&self, id: &str, update: RunUpdate) -> StoreResult<Run> {
+        let mut tx = self.write.begin().await?;
+        let stored: Option<String> =
+            sqlx::query_scalar::<_, Option<String>>("SELECT config FROM runs WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or_else(|| common::not_found_run(id))?;
+        if let Some(name) = &update.name {
+            let name = common::valid_name("name", name)?;
+            sqlx::query("UPDATE runs SET name = ? WHERE id = ?")
+                .bind(name)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if let Some(notes) = &update.notes {
+            sqlx::query("UPDATE runs SET notes = ? WHERE id = ?")
+                .bind(notes)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if let Some(tags) = &update.tags {
+            upsert_tags(&mut tx, id, tags).await?;
+        }
+        if let Some(config) = &update.config {
+            if common::config_is_new(stored.as_deref(), config)? {
+                sqlx::query("UPDATE runs SET config = ? WHERE id = ?")
+                    .bind(config.to_string())
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                insert_params(&mut tx, id, config).await?;
+            }
+        }
+        tx.commit().await?;
+        self.get_run(id).await
+    }
+
+    async fn set_status(
+        &self,
+        id: &str,
+        status: RunStatus,
+        reason: Option<&str>,
+        exit: Option<ExitInfo>,
+    ) -> StoreResult<RunEvent> {
+        let now = now_ms();
+        let mut tx = self.write.begin().await?;
+        let from: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| common::not_found_run(id))?;
+        let from = common::parse_status(&from)?;
+        sqlx::query(
+            "UPDATE runs SET status = ?, \
+             started_at = CASE WHEN ? AND started_at IS NULL THEN ? ELSE started_at END, \
+             ended_at = CASE WHEN ? THEN ? ELSE ended_at END WHERE id = ?",
+        )
+        .bind(status.as_str())
+        .bind(status == RunStatus::Running)
+        .bind(now)
+        .bind(status.is_terminal())
+        .bind(now)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        if let Some(exit) = &exit {
+            sqlx::query(
+                "UPDATE runs SET exit_code = ?, exit_signal = ?, exit_message = ? WHERE id = ?",
+            )
+            .bind(exit.exit_code)
+            .bind(exit.signal)
+            .bind(&exit.message)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let event = insert_event(&mut tx, id, now, Some(from), status, reason).await?;
+        tx.commit().await?;
+        Ok(event)
+    }
+
+    async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage> {
+        let mut qb = QueryBuilder::<Sqlite>::new("");
+        common::build_search(query, &mut qb)?;
+        let rows = qb.build().fetch_all(&self.read).await?;
+        let (n, i, t) = common::sort_columns(&query.sort);
+        let mut runs = Vec::with_capacity(rows.len());
+        let mut sorts = Vec::with_capacity(rows.len());
+        for row in &rows {
+            runs.push(run_row(row)?);
+            let mut col = 13;
+            let mut next = || {
+                col += 1;
+                col - 1
+            };
+            sorts.push(SortValues {
+                g: row.try_get(12)?,
+                n: if n { row.try_get(next())? } else { None },
+                i: if i { row.try_get(next())? } else { None },
+                t: if t { row.try_get(next())? } else { None },
+            });
+        }
+        let limit = query.limit.clamp(1, 1000);
+        let next_cursor = if runs.len() > limit {
+            runs.truncate(limit);
+            Some(common::next_cursor(
+                query,
+                &runs[limit - 1].id,
+                &sorts[limit - 1],
+            ))
+        } else {
+            None
+        };
+        Ok(RunPage {
+            runs: self.load_runs(runs).await?,
+            next_cursor,
         })
+    }
+
+    async fn append_points(
+        &self,
+        run_id: &str,
+        points: &[MetricPoint],
+        now_ms: i64,
+    ) -> StoreResult<Vec<StoredPoint>> {
+        let batch = common::prepare_batch(points, now_ms)?;
+        let mut tx = self.write.begin().await?;
+        sqlx::query("SELECT 1 FROM runs WHERE id = ?")
+            .bind(run_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| common::not_found_run(run_id))?;
+        if batch.points.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Series of the batch's keys, created on first use.
+        let mut qb =
+            QueryBuilder::<Sqlite>::new("SELECT id, key FROM metric_series WHERE run_id = ");
+        qb.push_bind(run_id).push(" AND key IN ");
+        common::push_in_list(&batch.keys, &mut qb);
+        let mut series = common::SeriesMap::default();
+        for row in qb.build().fetch_all(&mut *tx).await? {
+            series.insert(row.try_get(1)?, row.try_get(0)?);
+        }
+        for key in &batch.keys {
+            if series.get(key).is_none() {
+                let sid: i64 = sqlx::query_scalar(
+                    "INSERT INTO metric_series (run_id, key, count, last_step, last_value, \
+                     last_time) VALUES (?, ?, 0, -1, 0, 0) RETURNING id",
+                )
+                .bind(run_id)
+                .bind(key)
+                .fetch_one(&mut *tx)
+                .await?;
+                series.insert(key.clone(), sid);
+            }
+        }
+        let rows: Vec<(i64, i64, f64, i64)> = batch
+            .points
+            .iter()
+            .map(|p| (series.id(&p.key), p.step, p.value, p.time))
+            .collect();
+        let mut inserted = std::collections::HashMap::with_capacity(rows.len());
+        for chunk in rows.chunks(CHUNK) {
+            let mut qb = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO metric_points (series_id, step, value, time) ",
+            );
+            qb.push_values(chunk, |mut b, &(sid, step, value, time)| {
+                b.push_bind(sid)
+                    .push_bind(step)
+                    .push_bind(value)
+                    .push_bind(time);
+            });
+            qb.push(" ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step");
+            for row in qb.build().fetch_all(&mut *tx).await? {
+                let seq: i64 = row.try_get(0)?;
+                inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
+            }
+        }
+        let outcome = common::summarize(&batch, &series, &inserted);
+        for u in &outcome.series {
+            sqlx::query(
+                "UPDATE metric_series SET count = count + ?, \
+                 last_step = CASE WHEN ? > last_step THEN ? ELSE last_step END, \
+                 last_value = CASE WHEN ? > last_step THEN ? ELSE last_value END, \
+                 last_time = CASE WHEN ? > last_step THEN ? ELSE last_time END WHERE id = ?",
+            )
+            .bind(u.added)
+            .bind(u.last_step)
+            .bind(u.last_step)
+            .bind(u.last_step)
+            .bind(u.last_value)
+            .bind(u.last_step)
+            .bind(u.last_time)
+            .bind(u.series_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for chunk in outcome.rollups.chunks(CHUNK) {
+            let mut qb = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO metric_rollups (series_id, level, bucket, count, min_step, \
+                 min_value, min_time, max_step, max_value, max_time) ",
+            );
+            qb.push_values(chunk, |mut b, (sid, d)| {
+                b.push_bind(*sid)
+                    .push_bind(d.level)
+                    .push_bind(d.bucket)
+                    .push_bind(d.agg.count)
+                    .push_bind(d.agg.min.step)
+                    .push_bind(d.agg.min.value)
+                    .push_bind(d.agg.min.time)
+                    .push_bind(d.agg.max.step)
+                    .push_bind(d.agg.max.value)
+                    .push_bind(d.agg.max.time);
+            });
+            qb.push(common::ROLLUP_MERGE);
+            qb.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(outcome.stored)
+    }
+
+    async fn metric_keys(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
+        self.run_exists(run_id).await?;
+        let rows = sqlx::query(
+            "SELECT key, count, last_step, last_value FROM metric_series \
+             WHERE run_id = ? AND count > 0 ORDER BY key",
+        )
+        .bind(run_id)
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(MetricKey {
+                    key: r.try_get(0)?,
+                    count: r.try_get(1)?,
+                    last_step: r.try_get(2)?,
+                    last_value: r.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn read_series(
+        &self,
+        run_id: &str,
+        key: &str,
+        start_step: Option<i64>,
+        end_step: Option<i64>,
+        max_points: usize,
+    ) -> StoreResult<Series> {
+        let series =
+            sqlx::query("SELECT id, count FROM metric_series WHERE run_id = ? AND key = ?")
+                .bind(run_id)
+                .bind(key)
+                .fetch_optional(&self.read)
+                .await?;
+        let Some(series) = series else {
+            self.run_exists(run_id).await?;
+            return Ok(common::empty_series(key));
+        };
+        let src = SqliteSeries {
+            pool: &self.read,
+            series_id: series.try_get(0)?,
+        };
+        let count: i64 = series.try_get(1)?;
+        downsample::read_series(&src, key, count, start_step, end_step, max_points).await
+    }
+
+    async fn points_since(
+        &self,
+        run_id: &str,
+        after_seq: Option<i64>,
+        after_step: Option<i64>,
+        limit: usize,
+    ) -> StoreResult<Vec<StoredPoint>> {
+        self.run_exists(run_id).await?;
+        let rows = sqlx::query(
+            "SELECT s.key, p.step, p.value, p.time, p.seq FROM metric_points p \
+             JOIN metric_series s ON s.id = p.series_id \
+             WHERE s.run_id = ? AND p.seq > ? AND p.step > ? ORDER BY p.seq LIMIT ?",
+        )
+        .bind(run_id)
+        .bind(after_seq.unwrap_or(0))
+        .bind(after_step.unwrap_or(-1))
+        .bind(limit as i64)
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(StoredPoint {
+                    key: r.try_get(0)?,
+                    step: r.try_get(1)?,
+                    value: r.try_get(2)?,
+                    time: r.try_get(3)?,
+                    seq: r.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn run_events(&self, run_id: &str, after_seq: Option<i64>) -> StoreResult<Vec<RunEvent>> {
+        self.run_exists(run_id).await?;
+        let rows = sqlx::query(
+            "SELECT seq, run_id, time, from_status, to_status, reason FROM run_events \
+             WHERE run_id = ? AND seq > ? ORDER BY seq",
+        )
+        .bind(run_id)
+        .bind(after_seq.unwrap_or(0))
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter().map(event).collect()
+    }
+
+    async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
+        if statuses.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut qb = QueryBuilder::<Sqlite>::new(format!(
+            "SELECT {RUN_COLUMNS} FROM runs r WHERE r.status IN "
+        ));
+        let names: Vec<String> = statuses.iter().map(|s| s.as_str().to_string()).collect();
+        common::push_in_list(&names, &mut qb);
+        qb.push(" ORDER BY r.created_at, r.id");
+        let rows = qb.build().fetch_all(&self.read).await?;
+        let rows = rows.iter().map(run_row).collect::<Result<Vec<_>, _>>()?;
+        self.load_runs(rows).await
     }
 }
