@@ -1,20 +1,258 @@
-//! The run-search language (`q=`): parsed once, rendered per backend. (Being written; this
-//! placeholder only fixes the parse signature the API codes against.)
-#[derive(Debug, Clone, PartialEq)]
-pub struct Filter;
+//! The run-search language (`GET /api/v1/runs?q=...`), MLflow-search style:
+//!
+//! ```text
+//! metrics.val/loss < 2.5 and params.training.lr = 0.001
+//! tags.team = 'nlp' or status != 'failed'
+//! name LIKE 'gpt%'
+//! params.model.activation IN ('gelu', 'swiglu')
+//! not (metrics.train/loss >= 3)
+//! metrics.`my key` > 1
+//! tags.owner IS NULL
+//! ```
+//!
+//! A filter is parsed once ([`Filter::parse`]) and rendered per backend as one boolean SQL
+//! condition on the alias `r` (the `runs` table), with every user value bound as a parameter.
+//!
+//! Semantics (identical on SQLite and Postgres; the backend tests check both):
+//! - `metrics.<key>` is the latest value of the key and compares with numbers only.
+//! - `params.<key>` compares as text against a quoted literal and numerically (the stored
+//!   `num` column) against a number; a numeric comparison never matches a non-numeric value.
+//! - `tags.<key>`, `name`, `run_id`, `experiment_id` are text; `status` takes a valid status
+//!   (case-insensitive); `created_at`, `started_at`, `ended_at` are unix milliseconds.
+//! - A condition on a key the run does not have is false, whatever the operator (`!=` and
+//!   `NOT IN` included), as in MLflow; `IS NULL` / `IS NOT NULL` test presence.
+//! - Text order is code-point order on both backends (Postgres compares with `COLLATE "C"`).
+//! - `LIKE` is case-sensitive and `ILIKE` case-insensitive on both backends: `%` matches any
+//!   run of characters, `_` one character, `\` makes the next character literal. SQLite's own
+//!   `LIKE` ignores ASCII case, so patterns are rendered there as equivalent `GLOB` patterns.
+//!   Non-ASCII case folding for `ILIKE` uses Unicode simple case mapping on SQLite and the
+//!   database's locale on Postgres.
+//! - Keywords are case-insensitive. Keys may contain ASCII letters, digits and `_ - / . :`;
+//!   any other key is written in backquotes (`` metrics.`my key` ``, a backquote doubled).
+//! - Strings take single or double quotes; `\\`, `\'`, `\"`, `\n`, `\t`, `\r` are escapes,
+//!   a doubled quote is a quote, and any other backslash pair is kept as written (so LIKE
+//!   patterns can say `\%`).
 
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("at position {position}: {message}")]
+use std::fmt;
+
+mod lexer;
+mod parser;
+mod render;
+#[cfg(test)]
+mod tests;
+
+pub use trainer::wire::RunStatus;
+
+/// Longest filter accepted, in characters.
+pub const MAX_FILTER_CHARS: usize = 10_000;
+/// Deepest nesting of parentheses and `not` accepted.
+pub const MAX_DEPTH: usize = 32;
+/// Most conditions one filter may hold (keeps the SQL and its bound parameters bounded).
+pub const MAX_CONDITIONS: usize = 100;
+/// Most values one `IN (...)` list may hold.
+pub const MAX_IN_VALUES: usize = 1_000;
+
+/// A parsed run filter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filter {
+    expr: Expr,
+}
+
+/// A filter that could not be parsed: `position` is a 0-based character offset into the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FilterError {
     pub position: usize,
     pub message: String,
 }
 
+impl fmt::Display for FilterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at position {}", self.message, self.position)
+    }
+}
+
+impl std::error::Error for FilterError {}
+
+impl FilterError {
+    pub(crate) fn new(position: usize, message: impl Into<String>) -> Self {
+        FilterError {
+            position,
+            message: message.into(),
+        }
+    }
+}
+
+/// The boolean structure of a filter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expr {
+    And(Box<Expr>, Box<Expr>),
+    Or(Box<Expr>, Box<Expr>),
+    Not(Box<Expr>),
+    Cond(Condition),
+}
+
+/// One test on one field of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    pub field: Field,
+    pub predicate: Predicate,
+}
+
+/// What a condition looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Field {
+    /// Latest value of a metric key.
+    Metric(String),
+    Param(String),
+    Tag(String),
+    Attribute(Attribute),
+}
+
+/// A column of the run itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attribute {
+    Status,
+    Name,
+    ExperimentId,
+    RunId,
+    CreatedAt,
+    StartedAt,
+    EndedAt,
+}
+
+impl Attribute {
+    pub const ALL: [Attribute; 7] = [
+        Attribute::Status,
+        Attribute::Name,
+        Attribute::ExperimentId,
+        Attribute::RunId,
+        Attribute::CreatedAt,
+        Attribute::StartedAt,
+        Attribute::EndedAt,
+    ];
+
+    /// The name a filter uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Attribute::Status => "status",
+            Attribute::Name => "name",
+            Attribute::ExperimentId => "experiment_id",
+            Attribute::RunId => "run_id",
+            Attribute::CreatedAt => "created_at",
+            Attribute::StartedAt => "started_at",
+            Attribute::EndedAt => "ended_at",
+        }
+    }
+
+    /// Timestamps compare with numbers; the rest with strings.
+    pub fn is_numeric(self) -> bool {
+        matches!(
+            self,
+            Attribute::CreatedAt | Attribute::StartedAt | Attribute::EndedAt
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpOp {
+    pub fn as_sql(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "=",
+            CmpOp::Ne => "<>",
+            CmpOp::Lt => "<",
+            CmpOp::Le => "<=",
+            CmpOp::Gt => ">",
+            CmpOp::Ge => ">=",
+        }
+    }
+
+    fn is_ordering(self) -> bool {
+        !matches!(self, CmpOp::Eq | CmpOp::Ne)
+    }
+}
+
+/// A literal value of a filter (numbers are always finite).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Literal {
+    Number(f64),
+    Text(String),
+}
+
+/// One piece of a LIKE pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LikePart {
+    /// `%`: any run of characters.
+    Any,
+    /// `_`: exactly one character.
+    One,
+    Char(char),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Predicate {
+    Compare {
+        op: CmpOp,
+        value: Literal,
+    },
+    Like {
+        pattern: Vec<LikePart>,
+        case_insensitive: bool,
+        negated: bool,
+    },
+    /// Values are all numbers or all strings.
+    In {
+        values: Vec<Literal>,
+        negated: bool,
+    },
+    /// `IS NULL` (`negated: false`): the run has no such key / the column is null.
+    IsNull {
+        negated: bool,
+    },
+}
+
 impl Filter {
-    pub fn parse(_text: &str) -> Result<Filter, FilterError> {
-        Err(FilterError {
-            position: 0,
-            message: "filters are not available yet".into(),
-        })
+    /// Parses and validates a filter.
+    pub fn parse(input: &str) -> Result<Filter, FilterError> {
+        let char_count = input.chars().count();
+        if char_count > MAX_FILTER_CHARS {
+            return Err(FilterError::new(
+                MAX_FILTER_CHARS,
+                format!("filter is too long ({char_count} characters; at most {MAX_FILTER_CHARS})"),
+            ));
+        }
+        let tokens = lexer::tokenize(input)?;
+        let expr = parser::parse(&tokens)?;
+        Ok(Filter { expr })
+    }
+
+    /// The parsed expression.
+    pub fn expr(&self) -> &Expr {
+        &self.expr
+    }
+
+    /// Pushes the filter as one parenthesized boolean condition on `runs r` for SQLite.
+    pub fn push_sqlite(&self, qb: &mut sqlx::QueryBuilder<'_, sqlx::Sqlite>) {
+        render::push(&self.expr, qb);
+    }
+
+    /// Pushes the filter as one parenthesized boolean condition on `runs r` for Postgres.
+    pub fn push_postgres(&self, qb: &mut sqlx::QueryBuilder<'_, sqlx::Postgres>) {
+        render::push(&self.expr, qb);
+    }
+}
+
+impl std::str::FromStr for Filter {
+    type Err = FilterError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Filter::parse(s)
     }
 }

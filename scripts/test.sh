@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs the whole test suite, including the Postgres tests (never skipped: if Postgres cannot be
+# installed or reached, this script fails).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+PG_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+pg_ready() {
+    pg_isready -q -d "$PG_URL" 2>/dev/null
+}
+
+ensure_postgres() {
+    if ! command -v pg_ctlcluster >/dev/null 2>&1 && ! command -v pg_isready >/dev/null 2>&1; then
+        echo "==> installing PostgreSQL"
+        as_root apt-get update -q
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql
+    fi
+    if pg_ready; then
+        return 0
+    fi
+    echo "==> starting PostgreSQL"
+    if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+        for version in /etc/postgresql/*; do
+            as_root pg_ctlcluster --skip-systemctl-redirect "$(basename "$version")" main start || true
+        done
+    fi
+    pg_ready || as_root service postgresql start || true
+    for _ in $(seq 1 30); do
+        pg_ready && break
+        sleep 1
+    done
+    if ! pg_ready; then
+        echo "ERROR: PostgreSQL is not reachable at $PG_URL; the Postgres tests cannot run." >&2
+        exit 1
+    fi
+    # The tests connect as `postgres` without a password: allow it on loopback if needed.
+    if ! psql "$PG_URL" -c 'select 1' >/dev/null 2>&1; then
+        echo "ERROR: cannot log in to $PG_URL (configure trust or set TEST_DATABASE_URL)." >&2
+        exit 1
+    fi
+}
+
+ensure_postgres
+export TEST_DATABASE_URL="$PG_URL"
+echo "==> Postgres tests use $TEST_DATABASE_URL"
+
+# --- browser tests: install chromium + chromium-driver here when they land -------------------
+
+echo "==> cargo test --workspace"
+cargo test --workspace "$@"

@@ -1,0 +1,291 @@
+//! `spawn_app()`: a real server on a random loopback port with a fresh database per test.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::{Response, StatusCode};
+use serde_json::{json, Value};
+use trainyard::app::{Application, Settings};
+
+pub struct TestApp {
+    pub address: String,
+    pub client: reqwest::Client,
+    pub token: Option<String>,
+    _data_dir: tempfile::TempDir,
+}
+
+/// A server on SQLite in a fresh temporary directory.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Like `spawn_app`, with settings adjusted by `tweak` before the server starts.
+pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let mut settings = Settings::new(addr, data_dir.path());
+    tweak(&mut settings);
+    let token = settings.admin_token.clone();
+    let app = Application::build(settings).await.expect("server builds");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    tokio::spawn(app.run_until_stopped());
+    TestApp {
+        address,
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("client"),
+        token,
+        _data_dir: data_dir,
+    }
+}
+
+/// Base URL of the Postgres server the tests may create databases on.
+pub fn test_database_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// A server on a brand-new Postgres database.
+pub async fn spawn_pg_app() -> TestApp {
+    let base = test_database_url();
+    let name = format!("trainyard_test_{}", uuid::Uuid::new_v4().simple());
+    let pool = sqlx::PgPool::connect(&base)
+        .await
+        .unwrap_or_else(|e| panic!("Postgres at {base} is required for these tests: {e}"));
+    sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&pool)
+        .await
+        .expect("create test database");
+    pool.close().await;
+    let (prefix, _) = base.rsplit_once('/').expect("database URL has a path");
+    let url = format!("{prefix}/{name}");
+    spawn_app_with(|s| s.database_url = Some(url)).await
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    fn authed(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.authed(self.client.get(self.url(path)))
+            .send()
+            .await
+            .expect("GET")
+    }
+
+    /// GET with URL-encoded query parameters; asserts 200 and returns the JSON body.
+    pub async fn get_query(&self, path: &str, query: &[(&str, &str)]) -> Value {
+        let response = self
+            .authed(self.client.get(self.url(path)))
+            .query(query)
+            .send()
+            .await
+            .expect("GET");
+        assert_eq!(response.status(), StatusCode::OK, "GET {path} {query:?}");
+        response.json().await.expect("JSON body")
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Response {
+        self.authed(self.client.post(self.url(path)))
+            .json(body)
+            .send()
+            .await
+            .expect("POST")
+    }
+
+    pub async fn patch_json(&self, path: &str, body: &Value) -> Response {
+        self.authed(self.client.patch(self.url(path)))
+            .json(body)
+            .send()
+            .await
+            .expect("PATCH")
+    }
+
+    /// Sends `body` verbatim as JSON (for malformed payloads).
+    pub async fn send_raw(&self, method: reqwest::Method, path: &str, body: &str) -> Response {
+        self.authed(self.client.request(method, self.url(path)))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("raw request")
+    }
+
+    /// Creates a run in `experiment` and returns its id.
+    pub async fn create_run(&self, experiment: &str) -> String {
+        self.create_run_with(json!({ "experiment": experiment }))
+            .await["id"]
+            .as_str()
+            .expect("run id")
+            .to_string()
+    }
+
+    pub async fn create_run_with(&self, body: Value) -> Value {
+        let response = self.post_json("/api/v1/runs", &body).await;
+        assert_eq!(response.status(), StatusCode::CREATED, "creating a run");
+        response.json().await.expect("run JSON")
+    }
+
+    /// Posts `(key, step, value)` points and asserts they were accepted.
+    pub async fn post_points(&self, run_id: &str, points: &[(&str, i64, f64)]) -> Value {
+        let points: Vec<Value> = points
+            .iter()
+            .map(|(key, step, value)| json!({ "key": key, "step": step, "value": value }))
+            .collect();
+        let response = self
+            .post_json(
+                &format!("/api/v1/runs/{run_id}/metrics"),
+                &json!({ "points": points }),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "posting points");
+        response.json().await.expect("accepted JSON")
+    }
+
+    pub async fn get_json(&self, path: &str) -> Value {
+        let response = self.get(path).await;
+        assert_eq!(response.status(), StatusCode::OK, "GET {path}");
+        response.json().await.expect("JSON body")
+    }
+
+    /// Opens an SSE stream.
+    pub async fn sse(&self, path: &str, last_event_id: Option<&str>) -> SseClient {
+        let mut request = self
+            .authed(self.client.get(self.url(path)))
+            .header("accept", "text/event-stream")
+            .timeout(Duration::from_secs(3600));
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.expect("SSE request");
+        assert_eq!(response.status(), StatusCode::OK, "opening {path}");
+        SseClient {
+            stream: response
+                .bytes_stream()
+                .map(|r| r.map(|b| b.to_vec()))
+                .boxed(),
+            buffer: String::new(),
+        }
+    }
+}
+
+/// Asserts an error response's status, code and field; returns its `error` object.
+pub async fn assert_error(
+    response: Response,
+    status: StatusCode,
+    code: &str,
+    field: Option<&str>,
+) -> Value {
+    assert_eq!(response.status(), status);
+    let body: Value = response.json().await.expect("error body is JSON");
+    let error = body["error"].clone();
+    assert_eq!(error["code"], code, "{body}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    match field {
+        Some(field) => assert_eq!(error["field"], field, "{body}"),
+        None => {}
+    }
+    error
+}
+
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub event: String,
+    pub id: Option<String>,
+    pub data: Value,
+}
+
+type ByteStream = futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>;
+
+pub struct SseClient {
+    stream: ByteStream,
+    buffer: String,
+}
+
+impl SseClient {
+    /// The next named event (keep-alive comments are skipped); panics after 10 s of silence.
+    pub async fn next_event(&mut self) -> SseEvent {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let frame: String = self.buffer.drain(..end + 2).collect();
+                if let Some(event) = parse_frame(&frame) {
+                    return event;
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(10), self.stream.next())
+                .await
+                .expect("an SSE event within 10 s")
+                .expect("the stream is open")
+                .expect("reading the stream");
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Collects `points` events until `count` points arrived; returns (steps, last event id).
+    pub async fn collect_points(&mut self, count: usize) -> (Vec<i64>, Option<String>) {
+        let mut steps = Vec::new();
+        let mut last_id = None;
+        while steps.len() < count {
+            let event = self.next_event().await;
+            if event.event == "points" {
+                for p in event.data["points"].as_array().expect("points array") {
+                    steps.push(p["step"].as_i64().expect("step"));
+                }
+                last_id = event.id;
+            }
+        }
+        (steps, last_id)
+    }
+}
+
+fn parse_frame(frame: &str) -> Option<SseEvent> {
+    let mut event = None;
+    let mut id = None;
+    let mut data = String::new();
+    for line in frame.lines() {
+        if let Some(v) = line.strip_prefix("event:") {
+            event = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("id:") {
+            id = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.trim_start());
+        }
+    }
+    let event = event?;
+    Some(SseEvent {
+        event,
+        id,
+        data: serde_json::from_str(&data).unwrap_or(Value::String(data)),
+    })
+}
+
+/// Generates one test per backend for each scenario `async fn name(app: &TestApp)`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn on_sqlite() {
+                super::$name(&$crate::helpers::spawn_app().await).await
+            }
+            #[tokio::test]
+            async fn on_postgres() {
+                super::$name(&$crate::helpers::spawn_pg_app().await).await
+            }
+        }
+    )*};
+}
