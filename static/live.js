@@ -11,7 +11,7 @@ export function subscribe(url, handlers, { onState } = {}) {
   let delay = 500;
   const open = () => {
     if (closed) return;
-    es = new EventSource(url);
+    es = new EventSource(typeof url === "function" ? url() : url);
     onState?.("connecting");
     es.onopen = () => { delay = 500; onState?.("live"); };
     es.onerror = () => {

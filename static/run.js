@@ -142,7 +142,7 @@ function wireLogs() {
   const held = [];
   const add = (line) => {
     if (paused) { held.push(line); return; }
-    pane.append(document.createTextNode(line.endsWith("\n") ? line : line + "\n"));
+    pane.append(document.createTextNode(line));
     if (pane.childNodes.length > 5000) pane.firstChild.remove();
     if (follow?.checked) pane.scrollTop = pane.scrollHeight;
   };
@@ -152,13 +152,31 @@ function wireLogs() {
     pause.setAttribute("aria-pressed", String(paused));
     if (!paused) held.splice(0).forEach(add);
   });
+  // Log events carry {offset, text}; a reconnect resumes after the last byte shown.
+  let offset = 0;
+  let stream = null;
   const handler = (data) => {
-    if (typeof data === "string") add(data);
-    else if (data && typeof data.line === "string") add(data.line);
-    else if (data && Array.isArray(data.lines)) data.lines.forEach(add);
+    if (data && typeof data.text === "string") {
+      if (typeof data.offset === "number") {
+        if (data.offset + data.text.length <= offset) return;
+        offset = data.offset + data.text.length;
+      }
+      add(data.text);
+    } else if (typeof data === "string") add(data);
   };
   pane.textContent = "";
-  subscribe(`${api}/logs?follow=true`, { message: handler, log: handler, line: handler });
+  stream = subscribe(() => `${api}/logs?follow=true&offset=${offset}`, {
+    log: handler,
+    end: () => stream?.close(),
+  });
+}
+
+function alertBox(text) {
+  const box = document.createElement("div");
+  box.className = "panel error-box";
+  box.setAttribute("role", "alert");
+  box.textContent = text;
+  root.prepend(box);
 }
 
 function wireForms() {
@@ -172,6 +190,21 @@ function wireForms() {
       await sendJSON("PATCH", api, { notes: e.target.notes.value });
       msg(e.target, "Saved.");
     } catch (err) { msg(e.target, err.message, true); }
+  });
+  document.getElementById("tag-form")?.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const key = e.target.key.value.trim();
+    if (!key) return;
+    try {
+      await sendJSON("PATCH", api, { tags: { [key]: e.target.value.value } });
+      const tags = document.getElementById("tags");
+      tags.querySelector(".muted")?.remove();
+      const span = document.createElement("span");
+      span.className = "tag";
+      span.textContent = e.target.value.value ? `${key}=${e.target.value.value}` : key;
+      tags.append(span);
+      e.target.reset();
+    } catch (err) { alertBox(err.message); }
   });
   document.getElementById("stop-form")?.addEventListener("submit", async (e) => {
     e.preventDefault();

@@ -37,7 +37,8 @@ pub fn launch_body(
     let mut body = serde_json::json!({
         "experiment": experiment,
         "config": config,
-        "launch": { "gpus": gpus },
+        "launch": true,
+        "resources": { "gpus": gpus },
     });
     if let Some(n) = name.filter(|n| !n.trim().is_empty()) {
         body["name"] = serde_json::Value::String(n.trim().to_string());

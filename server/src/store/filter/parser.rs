@@ -131,13 +131,15 @@ impl<'t> Parser<'t> {
                 inner
             }
             Tok::Ident(_) => Expr::Cond(self.condition()?),
-            _ => return Err(FilterError::new(
-                t.pos,
-                format!(
+            _ => {
+                return Err(FilterError::new(
+                    t.pos,
+                    format!(
                     "expected a condition (a field such as `metrics.loss`), `(` or NOT, found {}",
                     describe(t)
                 ),
-            )),
+                ))
+            }
         };
         self.depth -= 1;
         Ok(expr)
