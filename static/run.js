@@ -32,10 +32,10 @@ function track(key) {
   return info;
 }
 
-function noteAppend(key, p) {
+function noteSeries(key, series) {
   const info = track(key);
-  info.points += 1;
-  if (p.step >= info.lastStep) { info.lastStep = p.step; info.lastValue = p.value; }
+  info.points = series.n;
+  if (series.n) { info.lastStep = series.steps[series.n - 1]; info.lastValue = series.values[series.n - 1]; }
 }
 
 async function initChart(box) {
@@ -67,9 +67,7 @@ async function initChart(box) {
       } finally {
         for (const p of loading.get(s.label) ?? []) s.append(p.step, p.value, p.time ?? Date.now());
       }
-      const info = track(s.label);
-      info.points = s.n;
-      if (s.n) { info.lastStep = s.steps[s.n - 1]; info.lastValue = s.values[s.n - 1]; }
+      noteSeries(s.label, s);
     }),
   );
   for (const k of keys) loading.delete(k);
@@ -100,8 +98,8 @@ function onPoints(data) {
     if (pending) pending.push(p);
     for (const { chart, series } of byKey.get(p.key) ?? []) {
       if (series.append(p.step, p.value, p.time ?? Date.now())) touched.add(chart);
+      noteSeries(p.key, series);
     }
-    if (byKey.has(p.key)) noteAppend(p.key, p);
     const latest = document.querySelector(`[data-latest="${CSS.escape(p.key)}"]`);
     if (latest) latest.textContent = String(p.value);
   }
@@ -220,7 +218,10 @@ function wireForms() {
 wireControls();
 wireLogs();
 wireForms();
-subscribe(`${api}/events`, {
+// Points up to the page's latest step come from the (downsampled) metric reads; the stream
+// only needs what follows. After a drop, EventSource resumes with Last-Event-ID.
+const afterStep = root.dataset.afterStep;
+subscribe(`${api}/events${afterStep ? `?after_step=${afterStep}` : ""}`, {
   points: onPoints, point: onPoints, metrics: onPoints,
   status: onStatus, run_event: onStatus,
   message: (d) => (statusOf(d) && !Array.isArray(d) && !d.points ? onStatus(d) : onPoints(d)),

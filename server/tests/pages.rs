@@ -25,12 +25,23 @@ fn next_link(html: &str) -> Option<String> {
 #[tokio::test]
 async fn the_runs_table_filters_by_status_without_javascript() {
     let app = spawn_app().await;
-    let running = app.create_run(json!({"experiment": "e", "name": "alpha-running"})).await;
-    app.create_run(json!({"experiment": "e", "name": "beta-created"})).await;
+    let running = app
+        .create_run(json!({"experiment": "e", "name": "alpha-running"}))
+        .await;
+    app.create_run(json!({"experiment": "e", "name": "beta-created"}))
+        .await;
     app.patch(&running, json!({"status": "running"})).await;
     let cases = [
-        ("/?status=running", vec!["alpha-running"], vec!["beta-created"]),
-        ("/?status=created", vec!["beta-created"], vec!["alpha-running"]),
+        (
+            "/?status=running",
+            vec!["alpha-running"],
+            vec!["beta-created"],
+        ),
+        (
+            "/?status=created",
+            vec!["beta-created"],
+            vec!["alpha-running"],
+        ),
         ("/", vec!["alpha-running", "beta-created"], vec![]),
     ];
     for (path, present, absent) in cases {
@@ -48,7 +59,10 @@ async fn the_runs_table_filters_by_status_without_javascript() {
 #[tokio::test]
 async fn a_bad_status_or_query_is_shown_as_an_error_on_the_page_not_a_500() {
     let app = spawn_app().await;
-    for (path, needle) in [("/?status=sleeping", "status"), ("/?q=metrics.loss+%3C%3C+2", "q:")] {
+    for (path, needle) in [
+        ("/?status=sleeping", "status"),
+        ("/?q=metrics.loss+%3C%3C+2", "q:"),
+    ] {
         let (status, html) = get_text(&app, path).await;
         assert_eq!(status, 200, "{path}");
         assert!(html.contains("role=\"alert\""), "{path} shows an error");
@@ -60,7 +74,8 @@ async fn a_bad_status_or_query_is_shown_as_an_error_on_the_page_not_a_500() {
 async fn the_runs_table_pages_through_every_run_once_with_the_cursor() {
     let app = spawn_app().await;
     for i in 0..7 {
-        app.create_run(json!({"experiment": "paged", "name": format!("paged-run-{i}")})).await;
+        app.create_run(json!({"experiment": "paged", "name": format!("paged-run-{i}")}))
+            .await;
     }
     let mut path = "/?limit=3&sort=name".to_string();
     let mut seen = Vec::new();
@@ -85,30 +100,45 @@ async fn the_runs_table_pages_through_every_run_once_with_the_cursor() {
 async fn a_hostile_run_name_is_escaped_in_every_page_source() {
     let app = spawn_app().await;
     let id = app
-        .create_run(json!({"experiment": "x", "name": "<img src=x onerror=alert(1)>",
-            "tags": {"q": "a \"quoted\" 'tag'"}}))
+        .create_run(
+            json!({"experiment": "x", "name": "<img src=x onerror=alert(1)>",
+            "tags": {"q": "a \"quoted\" 'tag'"}}),
+        )
         .await;
     app.post_points(&id, loss_points("train/loss", 0..5)).await;
-    for path in ["/".to_string(), format!("/runs/{id}"), format!("/compare?runs={id}")] {
+    for path in [
+        "/".to_string(),
+        format!("/runs/{id}"),
+        format!("/compare?runs={id}"),
+    ] {
         let (status, html) = get_text(&app, &path).await;
         assert_eq!(status, 200, "{path}");
         assert!(!html.contains("<img src=x"), "{path} has raw markup");
         let escaped = html.contains("&lt;img src=x onerror=alert(1)&gt;")
             || html.contains("&#60;img src=x onerror=alert(1)&#62;");
         assert!(escaped, "{path} lacks the escaped name");
-        assert!(!html.contains("\"quoted\""), "{path} has a raw quote from the tag");
+        assert!(
+            !html.contains("\"quoted\""),
+            "{path} has a raw quote from the tag"
+        );
     }
 }
 
 #[tokio::test]
 async fn checkpoints_are_listed_and_downloadable_but_no_other_file_is() {
     let app = spawn_app().await;
-    let id = app.create_run(json!({"experiment": "ck", "name": "ck"})).await;
+    let id = app
+        .create_run(json!({"experiment": "ck", "name": "ck"}))
+        .await;
     let dir = app.data_dir.join("runs").join(&id).join("checkpoints");
     std::fs::create_dir_all(&dir).expect("mkdir");
     std::fs::write(dir.join("step-000100.safetensors"), b"weights").expect("write");
     std::fs::write(dir.join("step-000200.safetensors.tmp"), b"partial").expect("write");
-    std::fs::write(app.data_dir.join("runs").join(&id).join("secret.txt"), b"TOP-SECRET").expect("write");
+    std::fs::write(
+        app.data_dir.join("runs").join(&id).join("secret.txt"),
+        b"TOP-SECRET",
+    )
+    .expect("write");
     let (_, html) = get_text(&app, &format!("/runs/{id}")).await;
     assert!(html.contains("step-000100.safetensors"));
     assert!(!html.contains(".tmp"), "temporary files are not offered");
@@ -119,8 +149,14 @@ async fn checkpoints_are_listed_and_downloadable_but_no_other_file_is() {
         .await
         .expect("download");
     assert_eq!(res.status().as_u16(), 200);
-    let disposition = res.headers().get("content-disposition").map(|v| v.to_str().unwrap_or("").to_string());
-    assert_eq!(disposition.as_deref(), Some("attachment; filename=\"step-000100.safetensors\""));
+    let disposition = res
+        .headers()
+        .get("content-disposition")
+        .map(|v| v.to_str().unwrap_or("").to_string());
+    assert_eq!(
+        disposition.as_deref(),
+        Some("attachment; filename=\"step-000100.safetensors\"")
+    );
     assert_eq!(res.bytes().await.expect("bytes").as_ref(), b"weights");
     for name in [
         "..%2Fsecret.txt",
@@ -132,43 +168,103 @@ async fn checkpoints_are_listed_and_downloadable_but_no_other_file_is() {
     ] {
         let (status, body) = get_text(&app, &format!("/runs/{id}/checkpoints/{name}")).await;
         assert_eq!(status, 404, "{name} must not be served");
-        assert!(!body.contains("TOP-SECRET") && !body.contains("SQLite"), "{name} leaked");
+        assert!(
+            !body.contains("TOP-SECRET") && !body.contains("SQLite"),
+            "{name} leaked"
+        );
     }
 }
 
 #[tokio::test]
 async fn metric_charts_render_as_svg_and_png() {
     let app = spawn_app().await;
-    let a = app.create_run(json!({"experiment": "c", "name": "run-a"})).await;
-    let b = app.create_run(json!({"experiment": "c", "name": "run-b"})).await;
+    let a = app
+        .create_run(json!({"experiment": "c", "name": "run-a"}))
+        .await;
+    let b = app
+        .create_run(json!({"experiment": "c", "name": "run-b"}))
+        .await;
     app.post_points(&a, loss_points("train/loss", 0..100)).await;
     app.post_points(&b, loss_points("train/loss", 0..50)).await;
-    let res = app.http.get(app.url(&format!("/api/v1/runs/{a}/charts/train/loss.svg"))).send().await.expect("svg");
+    let res = app
+        .http
+        .get(app.url(&format!("/api/v1/runs/{a}/charts/train/loss.svg")))
+        .send()
+        .await
+        .expect("svg");
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(res.headers()["content-type"], "image/svg+xml");
     let svg = res.text().await.expect("text");
-    assert!(svg.starts_with("<svg") && svg.contains("<polyline"), "an SVG with a line");
+    assert!(
+        svg.starts_with("<svg") && svg.contains("<polyline"),
+        "an SVG with a line"
+    );
     assert!(svg.contains("train/loss"), "titled with the key");
-    let res = app.http.get(app.url(&format!("/api/v1/runs/{a}/charts/train/loss.png"))).send().await.expect("png");
+    let res = app
+        .http
+        .get(app.url(&format!("/api/v1/runs/{a}/charts/train/loss.png")))
+        .send()
+        .await
+        .expect("png");
     assert_eq!(res.status().as_u16(), 200);
-    assert_eq!(&res.bytes().await.expect("bytes")[..8], b"\x89PNG\r\n\x1a\n");
-    let (status, svg) = get_text(&app, &format!("/api/v1/charts/compare.svg?runs={a},{b}&key=train/loss")).await;
+    assert_eq!(
+        &res.bytes().await.expect("bytes")[..8],
+        b"\x89PNG\r\n\x1a\n"
+    );
+    let (status, svg) = get_text(
+        &app,
+        &format!("/api/v1/charts/compare.svg?runs={a},{b}&key=train/loss"),
+    )
+    .await;
     assert_eq!(status, 200);
-    assert!(svg.contains("run-a") && svg.contains("run-b"), "legend names both runs");
+    assert!(
+        svg.contains("run-a") && svg.contains("run-b"),
+        "legend names both runs"
+    );
 }
 
 #[tokio::test]
 async fn bad_chart_requests_are_4xx_naming_the_field() {
     let app = spawn_app().await;
-    let a = app.create_run(json!({"experiment": "c", "name": "run-a"})).await;
+    let a = app
+        .create_run(json!({"experiment": "c", "name": "run-a"}))
+        .await;
     let cases = [
-        (format!("/api/v1/runs/{a}/charts/train/loss.gif"), 400, Some("key")),
-        (format!("/api/v1/runs/{a}/charts/train/loss.svg?width=5"), 400, Some("width")),
-        (format!("/api/v1/runs/{a}/charts/train/loss.svg?max_points=1"), 400, Some("max_points")),
-        ("/api/v1/runs/0123456789abcdef0123456789abcdef/charts/x.svg".to_string(), 404, None),
-        ("/api/v1/charts/compare.svg?key=train/loss".to_string(), 400, Some("runs")),
-        (format!("/api/v1/charts/compare.svg?runs={a}"), 400, Some("key")),
-        (format!("/api/v1/charts/other.svg?runs={a}&key=k"), 400, Some("path")),
+        (
+            format!("/api/v1/runs/{a}/charts/train/loss.gif"),
+            400,
+            Some("key"),
+        ),
+        (
+            format!("/api/v1/runs/{a}/charts/train/loss.svg?width=5"),
+            400,
+            Some("width"),
+        ),
+        (
+            format!("/api/v1/runs/{a}/charts/train/loss.svg?max_points=1"),
+            400,
+            Some("max_points"),
+        ),
+        (
+            "/api/v1/runs/0123456789abcdef0123456789abcdef/charts/x.svg".to_string(),
+            404,
+            None,
+        ),
+        (
+            "/api/v1/charts/compare.svg?key=train/loss".to_string(),
+            400,
+            Some("runs"),
+        ),
+        (
+            format!("/api/v1/charts/compare.svg?runs={a}"),
+            400,
+            Some("key"),
+        ),
+        (
+            format!("/api/v1/charts/other.svg?runs={a}&key=k"),
+            400,
+            Some("path"),
+        ),
     ];
     for (path, code, field) in cases {
         let res = app.http.get(app.url(&path)).send().await.expect("get");
@@ -185,25 +281,40 @@ async fn the_launch_form_rejects_a_bad_config_inline_with_422() {
     let app = spawn_app().await;
     let (status, html) = get_text(&app, "/launch?profile=tiny-moe").await;
     assert_eq!(status, 200);
-    assert!(html.contains("num_experts"), "the MoE profile's YAML is in the editor");
+    assert!(
+        html.contains("num_experts"),
+        "the MoE profile's YAML is in the editor"
+    );
     let yaml = "model:\n  d_model: 64\n  n_headz: 4\ntraining:\n  max_steps: 10\n";
     let res = app
         .http
         .post(app.url("/launch"))
-        .form(&[("experiment", "e"), ("yaml", yaml), ("gpus", "0"), ("profile", "tiny")])
+        .form(&[
+            ("experiment", "e"),
+            ("yaml", yaml),
+            ("gpus", "0"),
+            ("profile", "tiny"),
+        ])
         .send()
         .await
         .expect("post");
     assert_eq!(res.status().as_u16(), 422);
     let html = res.text().await.expect("body");
-    assert!(html.contains("data-error-line=\"3\""), "error pinned to line 3");
+    assert!(
+        html.contains("data-error-line=\"3\""),
+        "error pinned to line 3"
+    );
     assert!(html.contains("model.n_headz"), "message names the key");
 }
 
 #[tokio::test]
 async fn unknown_runs_and_pages_are_404_pages() {
     let app = spawn_app().await;
-    for path in ["/runs/0123456789abcdef0123456789abcdef", "/runs/not-an-id", "/experiments/nope"] {
+    for path in [
+        "/runs/0123456789abcdef0123456789abcdef",
+        "/runs/not-an-id",
+        "/experiments/nope",
+    ] {
         let (status, html) = get_text(&app, path).await;
         assert_eq!(status, 404, "{path}");
         assert!(html.contains("Not found"), "{path}");

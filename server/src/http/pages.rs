@@ -550,6 +550,13 @@ async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>) -> PageRes
         params: run.params.clone().into_iter().collect(),
         config_yaml,
         log_placeholder: "Log output appears here while the run is live.".to_string(),
+        after_step: run
+            .latest_metrics
+            .values()
+            .map(|m| m.step)
+            .max()
+            .map(|s| s.to_string())
+            .unwrap_or_default(),
     };
     html(view)
 }

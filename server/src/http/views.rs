@@ -125,6 +125,8 @@ pub struct RunPage {
     pub params: Vec<(String, String)>,
     pub config_yaml: Option<String>,
     pub log_placeholder: String,
+    /// Highest step already stored: the live stream starts after it (empty: from the start).
+    pub after_step: String,
 }
 
 pub struct CompareRun {

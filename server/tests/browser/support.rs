@@ -4,6 +4,7 @@
 //! `chromium-driver`.
 
 use fantoccini::{Client, ClientBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -161,8 +162,8 @@ pub async fn browser() -> Browser {
     let webdriver = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(20);
     let client = loop {
-        match ClientBuilder::rustls()
-            .expect("rustls connector")
+        // Plain HTTP: chromedriver listens on loopback, so no TLS stack is needed.
+        match ClientBuilder::new(HttpConnector::new())
             .capabilities(caps.clone())
             .connect(&webdriver)
             .await
