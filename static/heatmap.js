@@ -76,8 +76,9 @@ export class Heatmap {
     if (steps.length) {
       // Columns are binned so the image never needs more than one cell per pixel.
       const cols = Math.min(steps.length, Math.max(1, Math.floor(hw)));
-      const colW = hw / cols;
       for (let c = 0; c < cols; c++) {
+        // Integer pixel edges: fractional rectangles leave anti-aliased seams between columns.
+        const x0 = Math.floor(left + (c * hw) / cols), x1 = Math.floor(left + ((c + 1) * hw) / cols);
         const a = Math.floor((c * steps.length) / cols), z = Math.floor(((c + 1) * steps.length) / cols);
         for (let e = 0; e < this.experts; e++) {
           let sum = 0, k = 0;
@@ -88,7 +89,8 @@ export class Heatmap {
           if (!k) continue;
           const [r, g, b] = colour(sum / k / scale);
           ctx.fillStyle = `rgb(${r},${g},${b})`;
-          ctx.fillRect(left + c * colW, e * rowH, Math.ceil(colW), Math.ceil(rowH));
+          const y0 = Math.floor(e * rowH), y1 = Math.floor((e + 1) * rowH);
+          ctx.fillRect(x0, y0, Math.max(1, x1 - x0), Math.max(1, y1 - y0 - (rowH > 8 ? 1 : 0)));
         }
       }
       ctx.fillStyle = muted;
@@ -97,11 +99,11 @@ export class Heatmap {
       ctx.fillText(`step ${steps[0]}`, left, hh + 5);
       ctx.textAlign = "right";
       ctx.fillText(`step ${steps[steps.length - 1]}`, left + hw, hh + 5);
-      // Current load: the latest value of each expert.
-      const last = steps[steps.length - 1];
+      // Current load: each expert's value at its latest step.
       const bx = left + hw + gap;
       for (let e = 0; e < this.experts; e++) {
-        const v = this.rows[e].get(last) ?? 0;
+        let lastStep = -Infinity, v = 0;
+        for (const [st, val] of this.rows[e]) if (st > lastStep) { lastStep = st; v = val; }
         const [r, g, b] = colour(v / scale);
         ctx.fillStyle = `rgb(${r},${g},${b})`;
         ctx.fillRect(bx, e * rowH + rowH * 0.15, Math.max(1, (v / scale) * (barW - 34)), rowH * 0.7);
