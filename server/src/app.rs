@@ -11,6 +11,8 @@ use tokio::net::TcpListener;
 use tower_http::trace::TraceLayer;
 
 use crate::http;
+use crate::launcher::hooks::AppHooks;
+use crate::launcher::{Launcher, LauncherSettings};
 use crate::live::LiveHub;
 use crate::store::{self, DynStore};
 
@@ -29,13 +31,18 @@ pub struct Settings {
     /// Required for any non-loopback address; then every `/api` request must carry it.
     pub admin_token: Option<String>,
     pub body_limit: usize,
+    /// GPUs, CPU slots, stop grace period and trainer binary of the local executor
+    /// (its `data_dir` is replaced by the one above).
+    pub launcher: LauncherSettings,
 }
 
 impl Settings {
     pub fn new(addr: SocketAddr, data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
         Settings {
             addr,
-            data_dir: data_dir.into(),
+            launcher: LauncherSettings::new(&data_dir),
+            data_dir,
             database_url: None,
             admin_token: None,
             body_limit: DEFAULT_BODY_LIMIT,
@@ -74,14 +81,26 @@ pub struct AppState {
     pub store: DynStore,
     pub live: Arc<LiveHub>,
     pub settings: Arc<Settings>,
+    /// Queue, GPUs and supervision of launched runs.
+    pub launcher: Launcher,
 }
 
 impl AppState {
     pub fn new(store: DynStore, settings: Settings) -> Self {
+        let live = Arc::new(LiveHub::new());
+        let mut launcher_settings = settings.launcher.clone();
+        launcher_settings.data_dir = settings.data_dir.clone();
+        let hooks = Arc::new(AppHooks {
+            store: store.clone(),
+            live: live.clone(),
+        });
+        let launcher = Launcher::new(launcher_settings, store.clone(), hooks)
+            .with_token(settings.admin_token.clone());
         AppState {
             store,
-            live: Arc::new(LiveHub::new()),
+            live,
             settings: Arc::new(settings),
+            launcher,
         }
     }
 }
@@ -132,10 +151,21 @@ impl Application {
             .with_context(|| format!("binding {}", settings.addr))?;
         let port = listener.local_addr()?.port();
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "trainyard listening");
+        let state = AppState::new(store, settings);
+        // Launched trainers report back over loopback even when we listen on all interfaces.
+        let mut local = listener.local_addr()?;
+        if local.ip().is_unspecified() {
+            local.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        state
+            .launcher
+            .start(format!("http://{local}"))
+            .await
+            .context("recovering launched runs")?;
         Ok(Application {
             listener,
             port,
-            state: AppState::new(store, settings),
+            state,
         })
     }
 

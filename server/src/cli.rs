@@ -23,6 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the tracking server, REST API and dashboard.
     Serve(ServeArgs),
+    /// Launch a run on a server (and follow it with --follow).
+    Submit(crate::submit::SubmitArgs),
 }
 
 #[derive(Debug, Args)]
@@ -39,17 +41,35 @@ pub struct ServeArgs {
     /// Token every /api request must carry as `Authorization: Bearer <token>`.
     #[arg(long, env = "TRAINYARD_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// GPUs the launcher may use, e.g. `0,1` [default: every GPU nvidia-smi lists].
+    #[arg(long, env = "TRAINYARD_GPUS")]
+    pub gpus: Option<String>,
+    /// Concurrent CPU runs (`gpus: 0`).
+    #[arg(long, env = "TRAINYARD_CPU_SLOTS", default_value_t = 2)]
+    pub cpu_slots: usize,
+    /// Seconds a stopped run gets between SIGTERM and SIGKILL.
+    #[arg(long, env = "TRAINYARD_STOP_GRACE", default_value_t = 30)]
+    pub stop_grace_secs: u64,
 }
 
 impl ServeArgs {
-    pub fn into_settings(self) -> Settings {
-        Settings {
+    pub fn into_settings(self) -> anyhow::Result<Settings> {
+        let mut launcher = crate::launcher::LauncherSettings::new(&self.data_dir);
+        if let Some(list) = &self.gpus {
+            let gpus =
+                crate::launcher::gpus::parse_list(list).map_err(|e| anyhow::anyhow!("--{e}"))?;
+            launcher.gpus = Some(gpus.iter().map(|g| g.index).collect());
+        }
+        launcher.cpu_slots = self.cpu_slots;
+        launcher.stop_grace = std::time::Duration::from_secs(self.stop_grace_secs);
+        Ok(Settings {
+            launcher,
             addr: self.addr,
             data_dir: self.data_dir,
             database_url: self.database_url.filter(|u| !u.is_empty()),
             admin_token: self.admin_token.filter(|t| !t.is_empty()),
             body_limit: DEFAULT_BODY_LIMIT,
-        }
+        })
     }
 }
 
@@ -57,11 +77,18 @@ impl ServeArgs {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
+        Command::Submit(args) => {
+            let code = crate::submit::run(args).await?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
+        }
     }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let app = Application::build(args.into_settings()).await?;
+    let app = Application::build(args.into_settings()?).await?;
     app.run_until_stopped().await
 }
 

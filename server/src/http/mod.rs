@@ -6,6 +6,8 @@ pub mod events;
 pub mod experiments;
 pub mod extract;
 pub mod health;
+pub mod launch;
+pub mod logs;
 pub mod launch_page;
 pub mod metrics;
 pub mod openapi;
@@ -25,6 +27,8 @@ pub fn api_router(state: &AppState) -> Router<AppState> {
     Router::new()
         .merge(experiments::router())
         .merge(runs::router())
+        .merge(launch::router())
+        .merge(logs::router())
         .merge(metrics::router())
         .merge(events::router())
         .merge(openapi::router())

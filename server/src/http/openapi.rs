@@ -25,12 +25,15 @@ use crate::app::AppState;
         super::metrics::metric_keys,
         super::events::run_events,
         super::events::all_events,
+        super::launch::stop_run,
+        super::logs::get_logs,
         openapi_json,
     ),
     modifiers(&BearerAuth),
     tags(
         (name = "experiments"), (name = "runs"), (name = "metrics"),
         (name = "events", description = "Server-sent events"), (name = "health"),
+        (name = "launcher", description = "Launched runs: stop, logs"),
     )
 )]
 pub struct ApiDoc;

@@ -46,6 +46,42 @@ pub struct CreateRun {
     pub config: Option<serde_json::Value>,
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// Launch the run on this server's GPUs/CPU slots (then `config` may also be YAML text).
+    #[serde(default)]
+    pub launch: bool,
+    /// Launch: a built-in profile instead of `config`.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Launch: dotted config keys to override, e.g. `{"training.max_steps": 50}`.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub overrides: BTreeMap<String, serde_json::Value>,
+    /// Launch: `{gpus: N}` (0 = CPU).
+    #[serde(default)]
+    pub resources: Option<super::launch::Resources>,
+    /// Launch: relaunch a failed run (with `--resume latest`) up to this many times.
+    #[serde(default)]
+    pub max_restarts: Option<u32>,
+    /// Launch: a custom entrypoint (shell line or argv) instead of the trainer.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub command: Option<super::launch::CommandSpec>,
+}
+
+impl CreateRun {
+    fn into_launch(self) -> super::launch::LaunchRequest {
+        super::launch::LaunchRequest {
+            experiment: self.experiment,
+            name: self.name,
+            tags: self.tags,
+            config: self.config,
+            profile: self.profile,
+            overrides: self.overrides,
+            resources: self.resources,
+            max_restarts: self.max_restarts,
+            command: self.command,
+        }
+    }
 }
 
 /// Query string of `GET /api/v1/runs`. Everything is a string so each bad value gets an error
@@ -156,6 +192,9 @@ pub async fn create_run(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
+    if body.launch {
+        return super::launch::create_launched_run(&state, body.into_launch()).await;
+    }
     let experiment = body.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT);
     validate_name("experiment", experiment)?;
     if let Some(name) = &body.name {

@@ -1,0 +1,306 @@
+//! Launching runs: the `launch: true` form of `POST /api/v1/runs` and
+//! `POST /api/v1/runs/{id}/stop`.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use tracing::instrument;
+use trainer::config::{Config, ConfigError};
+
+use super::error::{ApiError, ErrorBody};
+use super::experiments::validate_name;
+use crate::app::AppState;
+use crate::launcher::{LaunchError, LaunchSpec, StopOutcome};
+use crate::store::{NewRun, Run, DEFAULT_EXPERIMENT};
+
+/// Most relaunches one run may ask for.
+pub const MAX_RESTARTS: u32 = 100;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/runs/{id}/stop", post(stop_run))
+}
+
+/// `resources` of a launch request.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// Whole GPUs (0 = a CPU slot).
+    #[serde(default)]
+    pub gpus: usize,
+}
+
+/// A custom entrypoint: a shell command line or an argv list.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum CommandSpec {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+/// The launch fields of `POST /api/v1/runs` (all ignored unless `launch` is true).
+#[derive(Debug, Clone, Default)]
+pub struct LaunchRequest {
+    pub experiment: Option<String>,
+    pub name: Option<String>,
+    pub tags: BTreeMap<String, String>,
+    /// YAML text or a JSON object.
+    pub config: Option<serde_json::Value>,
+    pub profile: Option<String>,
+    /// Dotted keys → values, applied after `config`/`profile`.
+    pub overrides: BTreeMap<String, serde_json::Value>,
+    pub resources: Option<Resources>,
+    pub max_restarts: Option<u32>,
+    pub command: Option<CommandSpec>,
+}
+
+fn config_error(e: ConfigError, fallback_field: &str) -> ApiError {
+    let field = e.key().unwrap_or(fallback_field).to_string();
+    ApiError::BadRequest {
+        field: Some(field),
+        message: e.to_string(),
+    }
+}
+
+/// Loads, overrides and validates the config of a launch request: a mistake is a 400 naming
+/// the key now, never a run that fails later. None when the request has no config (a command).
+pub fn resolve_config(req: &LaunchRequest) -> Result<Option<Config>, ApiError> {
+    let mut cfg = match (&req.config, &req.profile) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "profile",
+                "give either `config` or `profile`, not both",
+            ))
+        }
+        (Some(serde_json::Value::String(text)), None) => {
+            Config::from_yaml_str(text).map_err(|e| config_error(e, "config"))?
+        }
+        (Some(v @ serde_json::Value::Object(_)), None) => {
+            Config::from_json_value(v).map_err(|e| config_error(e, "config"))?
+        }
+        (Some(_), None) => {
+            return Err(ApiError::bad_request(
+                "config",
+                "config must be YAML text or a JSON object",
+            ))
+        }
+        (None, Some(name)) => Config::from_profile(name).map_err(|e| config_error(e, "profile"))?,
+        (None, None) if req.overrides.is_empty() => return Ok(None),
+        (None, None) => Config::default(),
+    };
+    let overrides: Vec<String> = req
+        .overrides
+        .iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => format!("{k}={s}"),
+            other => format!("{k}={other}"),
+        })
+        .collect();
+    cfg.apply_overrides(&overrides)
+        .map_err(|e| config_error(e, "overrides"))?;
+    cfg.validate().map_err(|e| config_error(e, "config"))?;
+    Ok(Some(cfg))
+}
+
+fn parse_command(command: &Option<CommandSpec>) -> Result<Option<Vec<String>>, ApiError> {
+    match command {
+        None => Ok(None),
+        Some(CommandSpec::Shell(line)) if line.trim().is_empty() => Err(ApiError::bad_request(
+            "command",
+            "command must not be empty",
+        )),
+        Some(CommandSpec::Shell(line)) => Ok(Some(vec!["sh".into(), "-c".into(), line.clone()])),
+        Some(CommandSpec::Argv(argv)) if argv.first().is_none_or(|a| a.is_empty()) => Err(
+            ApiError::bad_request("command", "command must name a program"),
+        ),
+        Some(CommandSpec::Argv(argv)) => Ok(Some(argv.clone())),
+    }
+}
+
+impl From<LaunchError> for ApiError {
+    fn from(e: LaunchError) -> Self {
+        match e {
+            LaunchError::TooManyGpus { .. } => {
+                ApiError::bad_request("resources.gpus", e.to_string())
+            }
+            LaunchError::NothingToRun => ApiError::bad_request("config", e.to_string()),
+            LaunchError::NotActive(_) => ApiError::Conflict {
+                field: None,
+                message: e.to_string(),
+            },
+            LaunchError::Store(s) => s.into(),
+            LaunchError::Io(io) => ApiError::Internal(io.into()),
+        }
+    }
+}
+
+/// Validates a launch request, creates the run as `queued` and hands it to the launcher.
+#[instrument(skip(state, req))]
+pub async fn create_launched_run(
+    state: &AppState,
+    req: LaunchRequest,
+) -> Result<(StatusCode, Json<Run>), ApiError> {
+    let experiment = req.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT);
+    validate_name("experiment", experiment)?;
+    if let Some(name) = &req.name {
+        validate_name("name", name)?;
+    }
+    for key in req.tags.keys() {
+        validate_name("tags", key)?;
+    }
+    let max_restarts = req.max_restarts.unwrap_or(0);
+    if max_restarts > MAX_RESTARTS {
+        return Err(ApiError::bad_request(
+            "max_restarts",
+            format!("max_restarts must be at most {MAX_RESTARTS}"),
+        ));
+    }
+    let config = resolve_config(&req)?;
+    let config = config
+        .map(|c| serde_json::to_value(&c))
+        .transpose()
+        .map_err(|e| ApiError::Internal(e.into()))?;
+    let spec = LaunchSpec {
+        gpus: req.resources.as_ref().map(|r| r.gpus).unwrap_or(0),
+        max_restarts,
+        command: parse_command(&req.command)?,
+        config: config.clone(),
+    };
+    state.launcher.check(&spec)?;
+    let experiment = state.store.resolve_experiment(experiment.trim()).await?;
+    let new = NewRun {
+        experiment_id: experiment.id,
+        name: req.name.map(|n| n.trim().to_string()),
+        config,
+        tags: req.tags,
+        status: None,
+    };
+    let run = state.launcher.launch(new, spec).await?;
+    Ok((StatusCode::CREATED, Json(run)))
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StopResponse {
+    pub id: String,
+    /// `stopped` (it was queued) or `stopping` (SIGTERM sent; SIGKILL after the grace period).
+    #[schema(value_type = String)]
+    pub status: StopOutcome,
+}
+
+/// Stops a launched run: a queued one leaves the queue, a running one gets SIGTERM (it
+/// checkpoints and exits) and SIGKILL after the grace period.
+#[utoipa::path(post, path = "/api/v1/runs/{id}/stop", tag = "launcher",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 202, body = StopResponse),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not queued or running", body = ErrorBody),
+    ))]
+#[instrument(skip(state))]
+pub async fn stop_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<StopResponse>), ApiError> {
+    state.store.get_run(&id).await?;
+    let status = state.launcher.stop(&id).await?;
+    Ok((StatusCode::ACCEPTED, Json(StopResponse { id, status })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn field_of(req: LaunchRequest) -> Option<String> {
+        match resolve_config(&req) {
+            Err(ApiError::BadRequest { field, .. }) => field,
+            other => panic!("expected a 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_launch_configs_are_rejected_naming_the_key() {
+        let cases: Vec<(LaunchRequest, &str)> = vec![
+            (
+                LaunchRequest {
+                    profile: Some("tiny".into()),
+                    overrides: BTreeMap::from([("training.max_stepz".into(), json!(5))]),
+                    ..Default::default()
+                },
+                "training.max_stepz",
+            ),
+            (
+                LaunchRequest {
+                    profile: Some("tiny".into()),
+                    overrides: BTreeMap::from([("training.max_steps".into(), json!("many"))]),
+                    ..Default::default()
+                },
+                "training.max_steps",
+            ),
+            (
+                LaunchRequest {
+                    config: Some(json!({"model": {"n_heads": 3, "d_model": 64}})),
+                    ..Default::default()
+                },
+                "model.d_model",
+            ),
+            (
+                LaunchRequest {
+                    profile: Some("no-such-profile".into()),
+                    ..Default::default()
+                },
+                "profile",
+            ),
+            (
+                LaunchRequest {
+                    config: Some(json!(42)),
+                    ..Default::default()
+                },
+                "config",
+            ),
+        ];
+        for (req, field) in cases {
+            assert_eq!(field_of(req).as_deref(), Some(field));
+        }
+    }
+
+    #[test]
+    fn a_profile_with_overrides_resolves_to_a_valid_config() {
+        let req = LaunchRequest {
+            profile: Some("tiny".into()),
+            overrides: BTreeMap::from([
+                ("training.max_steps".into(), json!(30)),
+                ("training.device".into(), json!("cpu")),
+            ]),
+            ..Default::default()
+        };
+        let cfg = resolve_config(&req).unwrap().unwrap();
+        assert_eq!(cfg.training.max_steps, 30);
+        assert_eq!(cfg.training.device, "cpu");
+    }
+
+    #[test]
+    fn yaml_text_is_accepted_as_a_config() {
+        let req = LaunchRequest {
+            config: Some(json!("training:\n  max_steps: 30\n")),
+            ..Default::default()
+        };
+        assert_eq!(
+            resolve_config(&req).unwrap().unwrap().training.max_steps,
+            30
+        );
+    }
+
+    #[test]
+    fn commands_are_a_shell_line_or_a_non_empty_argv() {
+        assert_eq!(
+            parse_command(&Some(CommandSpec::Shell("echo hi".into()))).unwrap(),
+            Some(vec!["sh".into(), "-c".into(), "echo hi".into()])
+        );
+        assert!(parse_command(&Some(CommandSpec::Argv(vec![]))).is_err());
+        assert!(parse_command(&Some(CommandSpec::Shell("  ".into()))).is_err());
+    }
+}

@@ -1,0 +1,342 @@
+//! The local executor: runs posted with `launch: true` wait in a FIFO queue for whole GPUs (or a
+//! CPU slot), start as `trainyard train` (or a user's command) in their own process group, are
+//! supervised (logs, system metrics, exit, restarts, stop) and re-adopted after a server restart.
+//!
+//! Each run owns `<data dir>/runs/<id>/`: `launch.json` (what to run, attempts, pid + start
+//! time), `config.json`, `output.log`, the wrapper's `exit_code`, and the trainer's checkpoints.
+
+pub mod adopt;
+pub mod gpus;
+pub mod hooks;
+pub mod logs;
+pub mod process;
+pub mod queue;
+pub mod supervise;
+pub mod sysmetrics;
+
+use crate::store::{DynStore, ExitInfo, MetricPoint, NewRun, Run, RunStatus, StoreError};
+use async_trait::async_trait;
+use process::LaunchRecord;
+use queue::Scheduler;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// Marker file: a stop was requested (survives a server restart, unlike memory).
+pub const STOP_FILE: &str = "stop_requested";
+
+#[derive(Debug, Clone)]
+pub struct LauncherSettings {
+    /// Run directories live in `<data_dir>/runs/`.
+    pub data_dir: PathBuf,
+    /// GPUs to hand out; None = ask nvidia-smi.
+    pub gpus: Option<Vec<u32>>,
+    /// Concurrent CPU runs (`gpus: 0`).
+    pub cpu_slots: usize,
+    /// Time between SIGTERM and SIGKILL on stop.
+    pub stop_grace: Duration,
+    /// The `trainyard` binary that runs `train`; None = this executable.
+    pub trainer_bin: Option<PathBuf>,
+    /// How often `sys/...` metrics are sampled.
+    pub sys_metrics_interval: Duration,
+    /// How often a re-adopted (not our child) process is checked.
+    pub poll_interval: Duration,
+}
+
+impl LauncherSettings {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        LauncherSettings {
+            data_dir: data_dir.into(),
+            gpus: None,
+            cpu_slots: 2,
+            stop_grace: Duration::from_secs(30),
+            trainer_bin: None,
+            sys_metrics_interval: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// How the launcher records what happens to a run: the server's one status function (event +
+/// live notification) and its one metric ingest path.
+#[async_trait]
+pub trait RunHooks: Send + Sync + 'static {
+    async fn set_status(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        reason: &str,
+        exit: Option<ExitInfo>,
+    ) -> anyhow::Result<()>;
+    async fn ingest(&self, run_id: &str, points: Vec<MetricPoint>) -> anyhow::Result<()>;
+}
+
+/// What a launch request asks for, once its config is validated.
+#[derive(Debug, Clone, Default)]
+pub struct LaunchSpec {
+    pub gpus: usize,
+    pub max_restarts: u32,
+    /// A custom entrypoint's argv; None runs the trainer on `config`.
+    pub command: Option<Vec<String>>,
+    /// The resolved config (written to `config.json`).
+    pub config: Option<serde_json::Value>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("the run asks for {requested} GPUs but this server has {available}")]
+    TooManyGpus { requested: usize, available: usize },
+    #[error("a run needs either a config (to run the trainer) or a command")]
+    NothingToRun,
+    #[error("run `{0}` is not queued or running")]
+    NotActive(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("launcher I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopOutcome {
+    /// Was queued: taken out of the queue and marked stopped.
+    Stopped,
+    /// Was running: SIGTERM sent; it becomes `stopped` when it exits.
+    Stopping,
+}
+
+/// A supervised process, as `stop` needs to see it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Active {
+    /// Process group of the current attempt (None between attempts).
+    pub pgid: Option<i32>,
+    pub start_time: u64,
+}
+
+pub(crate) struct State {
+    pub sched: Scheduler,
+    pub active: HashMap<String, Active>,
+}
+
+pub(crate) struct Inner {
+    pub settings: LauncherSettings,
+    pub store: DynStore,
+    pub hooks: Arc<dyn RunHooks>,
+    pub gpus: Vec<gpus::Gpu>,
+    pub state: Mutex<State>,
+    pub wake: Notify,
+    pub logs: logs::LogHub,
+    pub server_url: OnceLock<String>,
+    pub token: Option<String>,
+}
+
+impl Inner {
+    pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn run_dir(&self, run_id: &str) -> PathBuf {
+        run_dir(&self.settings.data_dir, run_id)
+    }
+
+    pub fn trainer_bin(&self) -> PathBuf {
+        self.settings
+            .trainer_bin
+            .clone()
+            .or_else(|| std::env::current_exe().ok())
+            .unwrap_or_else(|| PathBuf::from("trainyard"))
+    }
+}
+
+/// `<data dir>/runs/<id>`; ids are validated hex, so they are safe path components.
+pub fn run_dir(data_dir: &Path, run_id: &str) -> PathBuf {
+    data_dir.join("runs").join(run_id)
+}
+
+/// Cheap to clone; one per server.
+#[derive(Clone)]
+pub struct Launcher {
+    inner: Arc<Inner>,
+}
+
+impl Launcher {
+    /// Builds the inventory (blocking nvidia-smi call when no list is given).
+    pub fn new(settings: LauncherSettings, store: DynStore, hooks: Arc<dyn RunHooks>) -> Self {
+        let gpus = match &settings.gpus {
+            Some(list) => list
+                .iter()
+                .map(|&index| gpus::Gpu {
+                    index,
+                    name: format!("gpu{index}"),
+                    memory_mb: None,
+                })
+                .collect(),
+            None => gpus::discover(),
+        };
+        let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
+        tracing::info!(gpus = ?indices, cpu_slots = settings.cpu_slots, "launcher inventory");
+        let sched = Scheduler::new(&indices, settings.cpu_slots);
+        Launcher {
+            inner: Arc::new(Inner {
+                settings,
+                store,
+                hooks,
+                gpus,
+                state: Mutex::new(State {
+                    sched,
+                    active: HashMap::new(),
+                }),
+                wake: Notify::new(),
+                logs: logs::LogHub::default(),
+                server_url: OnceLock::new(),
+                token: None,
+            }),
+        }
+    }
+
+    /// Sets the token handed to runs as `TRAINYARD_TOKEN` (call before `start`).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.token = token;
+        }
+        self
+    }
+
+    /// Once the server listens: re-adopts or fails the runs a previous server left, requeues
+    /// queued runs, and starts dispatching. Runs launched before `start` wait in the queue.
+    pub async fn start(&self, server_url: String) -> anyhow::Result<()> {
+        let _ = self.inner.server_url.set(server_url);
+        adopt::recover(&self.inner).await?;
+        let inner = self.inner.clone();
+        tokio::spawn(supervise::dispatch_loop(inner));
+        Ok(())
+    }
+
+    pub fn gpus(&self) -> &[gpus::Gpu] {
+        &self.inner.gpus
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.inner.settings.data_dir
+    }
+
+    pub fn log_path(&self, run_id: &str) -> PathBuf {
+        self.inner.run_dir(run_id).join(process::LOG_FILE)
+    }
+
+    pub fn logs(&self) -> &logs::LogHub {
+        &self.inner.logs
+    }
+
+    /// Checks a request against the inventory before anything is created.
+    pub fn check(&self, spec: &LaunchSpec) -> Result<(), LaunchError> {
+        if spec.command.is_none() && spec.config.is_none() {
+            return Err(LaunchError::NothingToRun);
+        }
+        let available = if spec.gpus == 0 {
+            0
+        } else {
+            self.inner.gpus.len()
+        };
+        if spec.gpus > available {
+            return Err(LaunchError::TooManyGpus {
+                requested: spec.gpus,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// Creates the run as `queued`, prepares its directory and puts it in line.
+    #[tracing::instrument(skip(self, new, spec), fields(gpus = spec.gpus))]
+    pub async fn launch(&self, mut new: NewRun, spec: LaunchSpec) -> Result<Run, LaunchError> {
+        self.check(&spec)?;
+        new.status = Some(RunStatus::Queued);
+        new.tags
+            .entry("trainyard.launcher".into())
+            .or_insert_with(|| "local".into());
+        let run = self.inner.store.create_run(new).await?;
+        let dir = self.inner.run_dir(&run.id);
+        let record = LaunchRecord {
+            gpus_requested: spec.gpus,
+            max_restarts: spec.max_restarts,
+            command: spec.command,
+            attempts: 0,
+            process: None,
+            first_started_at_ms: None,
+        };
+        let config = spec.config;
+        let dir2 = dir.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dir2)?;
+            if let Some(config) = config {
+                let text = serde_json::to_vec_pretty(&config).map_err(std::io::Error::other)?;
+                std::fs::write(dir2.join(process::CONFIG_FILE), text)?;
+            }
+            record.save(&dir2)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        self.inner.state().sched.enqueue(run.id.clone(), spec.gpus);
+        self.inner.wake.notify_one();
+        Ok(run)
+    }
+
+    /// Stops a queued run at once, or asks a running one to stop (SIGTERM, SIGKILL after the
+    /// grace period).
+    #[tracing::instrument(skip(self))]
+    pub async fn stop(&self, run_id: &str) -> Result<StopOutcome, LaunchError> {
+        let dir = self.inner.run_dir(run_id);
+        let (was_queued, active) = {
+            let mut st = self.inner.state();
+            let was_queued = st.sched.remove(run_id);
+            (was_queued, st.active.get(run_id).cloned())
+        };
+        if was_queued {
+            let _ = std::fs::write(dir.join(STOP_FILE), b"");
+            self.inner
+                .hooks
+                .set_status(
+                    run_id,
+                    RunStatus::Stopped,
+                    "stopped by user before it started",
+                    None,
+                )
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            return Ok(StopOutcome::Stopped);
+        }
+        let Some(active) = active else {
+            return Err(LaunchError::NotActive(run_id.to_string()));
+        };
+        std::fs::write(dir.join(STOP_FILE), b"")?;
+        if let Some(pgid) = active.pgid {
+            process::signal_group(pgid, libc::SIGTERM);
+            let inner = self.inner.clone();
+            let id = run_id.to_string();
+            tokio::spawn(async move {
+                tokio::time::sleep(inner.settings.stop_grace).await;
+                let still = inner.state().active.get(&id).cloned();
+                if let Some(a) = still {
+                    if a.pgid == Some(pgid) && a.start_time == active.start_time {
+                        tracing::warn!(run = %id, "grace period over: SIGKILL");
+                        process::signal_group(pgid, libc::SIGKILL);
+                    }
+                }
+            });
+        }
+        Ok(StopOutcome::Stopping)
+    }
+
+    /// Run ids waiting in the queue, oldest first.
+    pub fn queued(&self) -> Vec<String> {
+        self.inner
+            .state()
+            .sched
+            .queued()
+            .map(String::from)
+            .collect()
+    }
+}

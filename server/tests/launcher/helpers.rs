@@ -1,0 +1,197 @@
+//! A launcher-enabled server (in-process, or a real `trainyard serve` process that a test can
+//! SIGKILL) with a fake GPU inventory, plus polling helpers.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use trainyard::app::{AppState, Application, Settings};
+
+pub const TRAINYARD: &str = env!("CARGO_BIN_EXE_trainyard");
+
+pub struct TestApp {
+    pub address: String,
+    pub client: reqwest::Client,
+    pub state: AppState,
+    pub data_dir: tempfile::TempDir,
+}
+
+/// An in-process server on SQLite whose launcher has the given fake GPUs and CPU slots.
+pub async fn spawn_app(gpus: &[u32], cpu_slots: usize) -> TestApp {
+    spawn_app_with(gpus, cpu_slots, |_| {}).await
+}
+
+/// Like `spawn_app`, with the settings adjusted by `tweak` before the server starts.
+pub async fn spawn_app_with(
+    gpus: &[u32],
+    cpu_slots: usize,
+    tweak: impl FnOnce(&mut Settings),
+) -> TestApp {
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let mut settings = Settings::new(addr, data_dir.path());
+    settings.launcher.gpus = Some(gpus.to_vec());
+    settings.launcher.cpu_slots = cpu_slots;
+    settings.launcher.stop_grace = Duration::from_secs(2);
+    settings.launcher.trainer_bin = Some(PathBuf::from(TRAINYARD));
+    settings.launcher.sys_metrics_interval = Duration::from_millis(500);
+    tweak(&mut settings);
+    let app = Application::build(settings).await.expect("server builds");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state().clone();
+    tokio::spawn(app.run_until_stopped());
+    TestApp {
+        address,
+        client: client(),
+        state,
+        data_dir,
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// Writes an executable shell script.
+pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+pub async fn post(
+    client: &reqwest::Client,
+    address: &str,
+    path: &str,
+    body: &Value,
+) -> (StatusCode, Value) {
+    let resp = client
+        .post(format!("{address}{path}"))
+        .json(body)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+pub async fn get(client: &reqwest::Client, address: &str, path: &str) -> Value {
+    client
+        .get(format!("{address}{path}"))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// Launches and returns the new run's id (panics unless 201 queued).
+pub async fn launch(client: &reqwest::Client, address: &str, body: Value) -> String {
+    let (status, reply) = post(client, address, "/api/v1/runs", &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    assert_eq!(reply["status"], "queued");
+    reply["id"].as_str().expect("id").to_string()
+}
+
+/// Polls the run until `done` holds for it; panics with the last state after `timeout`.
+pub async fn wait_for(
+    client: &reqwest::Client,
+    address: &str,
+    id: &str,
+    timeout: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let resp = client
+            .get(format!("{address}/api/v1/runs/{id}"))
+            .send()
+            .await;
+        if let Ok(resp) = resp {
+            if let Ok(run) = resp.json::<Value>().await {
+                if done(&run) {
+                    return run;
+                }
+                if Instant::now() > deadline {
+                    panic!("run {id} did not get there in {timeout:?}: {run:#}");
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            panic!("run {id}: server unreachable for {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn wait_terminal(client: &reqwest::Client, address: &str, id: &str) -> Value {
+    wait_for(client, address, id, Duration::from_secs(120), |r| {
+        matches!(
+            r["status"].as_str(),
+            Some("finished" | "failed" | "stopped")
+        )
+    })
+    .await
+}
+
+pub fn launch_record(data_dir: &Path, id: &str) -> Value {
+    let text = std::fs::read_to_string(data_dir.join("runs").join(id).join("launch.json"))
+        .expect("launch.json");
+    serde_json::from_str(&text).expect("launch.json is JSON")
+}
+
+/// Pids of a process's direct children.
+pub fn children(pid: i64) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// A `trainyard serve` process (so a test can SIGKILL the server for real).
+pub struct ServeProcess {
+    pub child: std::process::Child,
+    pub address: String,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+pub async fn spawn_serve(data_dir: &Path, port: u16) -> ServeProcess {
+    let child = std::process::Command::new(TRAINYARD)
+        .args([
+            "serve",
+            "--addr",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .args(["--cpu-slots", "2", "--gpus", "0"])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn trainyard serve");
+    let address = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let c = client();
+    while c.get(format!("{address}/healthz")).send().await.is_err() {
+        assert!(Instant::now() < deadline, "trainyard serve did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ServeProcess { child, address }
+}
