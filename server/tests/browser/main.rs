@@ -245,3 +245,88 @@ async fn the_launch_form_shows_a_validation_error_at_the_offending_yaml_line() {
     b.screenshot("launch-error").await;
     b.close().await;
 }
+
+#[tokio::test]
+async fn a_run_launched_from_the_form_lands_on_its_live_page() {
+    let app = spawn_app().await;
+    let b = browser().await;
+    b.client
+        .goto(&app.url("/launch?profile=tiny"))
+        .await
+        .expect("goto");
+    b.client
+        .find(Locator::Id("l-name"))
+        .await
+        .expect("name")
+        .send_keys("from-the-form")
+        .await
+        .expect("type");
+    b.client
+        .find(Locator::Id("l-overrides"))
+        .await
+        .expect("overrides")
+        .send_keys("training.max_steps=20")
+        .await
+        .expect("type");
+    b.screenshot("launch").await;
+    b.client
+        .find(Locator::Id("launch-submit"))
+        .await
+        .expect("submit")
+        .click()
+        .await
+        .expect("click");
+    let id = b
+        .wait_for(
+            "const m = document.querySelector('main[data-run-id]'); return m && m.dataset.runId",
+            WAIT,
+        )
+        .await;
+    let id = id.as_str().expect("run id").to_string();
+    let url = b.client.current_url().await.expect("url");
+    assert_eq!(url.path(), format!("/runs/{id}"));
+    let run = app.run(&id).await;
+    assert_eq!(run["name"], "from-the-form");
+    assert_eq!(
+        run["params"]["training.max_steps"], "20",
+        "override applied: {run}"
+    );
+    // The launcher picks it up: the badge leaves `queued` live, without a reload.
+    b.wait_for("return !['created', 'queued'].includes(document.getElementById('status-badge').dataset.status || document.getElementById('status-badge').textContent)", WAIT)
+        .await;
+    b.screenshot("run-launched").await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn the_stop_button_stops_a_running_run_and_the_badge_follows() {
+    let app = spawn_app().await;
+    let id = app
+        .create_run(json!({"experiment": "stop", "name": "long-job", "launch": true, "command": "sleep 120"}))
+        .await;
+    let b = browser().await;
+    b.client
+        .goto(&app.url(&format!("/runs/{id}")))
+        .await
+        .expect("goto");
+    b.wait_for(
+        "return document.getElementById('status-badge').textContent === 'running'",
+        WAIT,
+    )
+    .await;
+    b.client
+        .find(Locator::Id("stop-button"))
+        .await
+        .expect("stop")
+        .click()
+        .await
+        .expect("click");
+    b.wait_for(
+        "return document.getElementById('status-badge').textContent === 'stopped'",
+        WAIT,
+    )
+    .await;
+    assert_eq!(app.run(&id).await["status"], "stopped");
+    b.screenshot("run-stopped").await;
+    b.close().await;
+}

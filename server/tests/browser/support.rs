@@ -22,7 +22,11 @@ pub struct TestApp {
 
 pub async fn spawn_app() -> TestApp {
     let dir = tempfile::tempdir().expect("temp dir");
-    let settings = Settings::new("127.0.0.1:0".parse().expect("addr"), dir.path());
+    let mut settings = Settings::new("127.0.0.1:0".parse().expect("addr"), dir.path());
+    // Launched runs use the real binary on CPU slots; no GPU discovery in tests.
+    settings.launcher.gpus = Some(vec![]);
+    settings.launcher.trainer_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_trainyard")));
+    settings.launcher.stop_grace = Duration::from_secs(5);
     let app = Application::build(settings).await.expect("server builds");
     let address = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until(std::future::pending()));
