@@ -104,6 +104,12 @@ function onPoints(data) {
     if (latest) latest.textContent = String(p.value);
   }
   for (const c of touched) c.redraw();
+  // When the frame that shows these points has been painted (for latency measurements).
+  const keys = pts.map((p) => p.key);
+  requestAnimationFrame(() => {
+    const now = Date.now();
+    for (const k of keys) if (reg.charts[k]) reg.charts[k].paintedAt = now;
+  });
 }
 
 function onStatus(data) {

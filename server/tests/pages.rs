@@ -357,3 +357,46 @@ async fn the_launch_form_creates_a_launched_run_and_redirects_to_its_page() {
     assert_eq!(run["name"], "form-run");
     assert_eq!(run["params"]["training.max_steps"], "20");
 }
+
+#[tokio::test]
+async fn with_an_admin_token_pages_need_the_token() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut settings =
+        trainyard::app::Settings::new("127.0.0.1:0".parse().expect("addr"), dir.path());
+    settings.admin_token = Some("s3cret".into());
+    settings.launcher.gpus = Some(vec![]);
+    let app = trainyard::app::Application::build(settings)
+        .await
+        .expect("build");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    tokio::spawn(app.run_until(std::future::pending()));
+    let http = reqwest::Client::new();
+    let cases = [
+        (None, None, 401),
+        (Some("wrong"), None, 401),
+        (Some("s3cret"), None, 200),
+        (None, Some("trainyard_token=s3cret"), 200),
+        (None, Some("other=1; trainyard_token=nope"), 401),
+    ];
+    for (bearer, cookie, expected) in cases {
+        let mut req = http.get(format!("{base}/"));
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        let res = req.send().await.expect("get");
+        assert_eq!(
+            res.status().as_u16(),
+            expected,
+            "bearer {bearer:?} cookie {cookie:?}"
+        );
+    }
+    let css = http
+        .get(format!("{base}/static/app.css"))
+        .send()
+        .await
+        .expect("css");
+    assert_eq!(css.status().as_u16(), 200, "static assets hold no data");
+}

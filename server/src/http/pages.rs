@@ -146,8 +146,48 @@ pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<
         .route("/runs/{id}/checkpoints/{name}", get(download_checkpoint))
         .route("/compare", get(compare_page))
         .route("/launch", get(launch_page::form).post(launch_page::submit))
+        .route_layer(axum::middleware::from_fn_with_state(
+            dashboard.clone(),
+            require_token,
+        ))
         .route("/static/{file}", get(static_file))
         .with_state(dashboard)
+}
+
+/// With an admin token configured (a server reachable from other machines), pages show data
+/// only to a request carrying it, as a bearer header or a `trainyard_token` cookie.
+async fn require_token(
+    State(d): State<Dashboard>,
+    req: Request<Body>,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = d.token.as_deref().filter(|t| !t.is_empty()) else {
+        return next.run(req).await;
+    };
+    let headers = req.headers();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let cookie = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().strip_prefix("trainyard_token="))
+        .next();
+    if bearer == Some(token) || cookie == Some(token) {
+        return next.run(req).await;
+    }
+    let page = ErrorPage {
+        nav: "",
+        title: "Authentication required".to_string(),
+        message: "This server requires its admin token: send it as a bearer token or set the \
+                  `trainyard_token` cookie."
+            .to_string(),
+    };
+    let body = page.render().unwrap_or_default();
+    (StatusCode::UNAUTHORIZED, Html(body)).into_response()
 }
 
 // ---------------------------------------------------------------------------------------------

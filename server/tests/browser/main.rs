@@ -108,6 +108,24 @@ async fn the_runs_table_selects_two_runs_and_the_compare_page_overlays_them() {
         .await;
     assert_eq!(differing, json!(["training.learning_rate"]));
     b.screenshot("compare").await;
+    // The same comparison rendered server-side (plotters), as the README shows it.
+    for ext in ["svg", "png"] {
+        let res = app
+            .http
+            .get(app.url(&format!(
+                "/api/v1/charts/compare.{ext}?runs={a},{b_id}&key=train/loss&width=800&height=360"
+            )))
+            .send()
+            .await
+            .expect("chart");
+        assert_eq!(res.status().as_u16(), 200);
+        let bytes = res.bytes().await.expect("bytes");
+        std::fs::write(
+            screenshots_dir().join(format!("compare-chart.{ext}")),
+            bytes,
+        )
+        .expect("write chart");
+    }
     b.close().await;
 }
 

@@ -21,6 +21,11 @@ pub struct TestApp {
 }
 
 pub async fn spawn_app() -> TestApp {
+    spawn_app_with_store().await.0
+}
+
+/// The server and a handle on its store (for seeding many runs quickly).
+pub async fn spawn_app_with_store() -> (TestApp, trainyard::store::DynStore) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut settings = Settings::new("127.0.0.1:0".parse().expect("addr"), dir.path());
     // Launched runs use the real binary on CPU slots; no GPU discovery in tests.
@@ -29,13 +34,15 @@ pub async fn spawn_app() -> TestApp {
     settings.launcher.stop_grace = Duration::from_secs(5);
     let app = Application::build(settings).await.expect("server builds");
     let address = format!("http://127.0.0.1:{}", app.port());
+    let store = app.state().store.clone();
     tokio::spawn(app.run_until(std::future::pending()));
-    TestApp {
+    let app = TestApp {
         address,
         http: reqwest::Client::new(),
         data_dir: dir.path().to_path_buf(),
         _dir: dir,
-    }
+    };
+    (app, store)
 }
 
 impl TestApp {
