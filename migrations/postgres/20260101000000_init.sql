@@ -23,8 +23,9 @@ CREATE TABLE runs (
 );
 -- Keyset pagination walks these in (sort value, id) order.
 CREATE INDEX runs_created_idx ON runs (created_at, id);
-CREATE INDEX runs_name_idx ON runs (name, id);
-CREATE INDEX runs_status_idx ON runs (status, id);
+-- Text sorts use code-point order (COLLATE "C"), the same as SQLite.
+CREATE INDEX runs_name_idx ON runs (name COLLATE "C", id);
+CREATE INDEX runs_status_idx ON runs (status COLLATE "C", id);
 CREATE INDEX runs_experiment_idx ON runs (experiment_id, created_at, id);
 
 CREATE TABLE run_tags (

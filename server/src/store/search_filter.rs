@@ -4,17 +4,12 @@ use super::filter::Filter;
 use super::StoreResult;
 use sqlx::{Postgres, QueryBuilder, Sqlite};
 
-fn unavailable() -> super::StoreError {
-    super::StoreError::Invalid {
-        field: "q",
-        message: "run filters are not available in this build".to_string(),
-    }
+pub fn push_sqlite(f: &Filter, qb: &mut QueryBuilder<'_, Sqlite>) -> StoreResult<()> {
+    f.push_sqlite(qb);
+    Ok(())
 }
 
-pub fn push_sqlite(_f: &Filter, _qb: &mut QueryBuilder<'_, Sqlite>) -> StoreResult<()> {
-    Err(unavailable())
-}
-
-pub fn push_postgres(_f: &Filter, _qb: &mut QueryBuilder<'_, Postgres>) -> StoreResult<()> {
-    Err(unavailable())
+pub fn push_postgres(f: &Filter, qb: &mut QueryBuilder<'_, Postgres>) -> StoreResult<()> {
+    f.push_postgres(qb);
+    Ok(())
 }

@@ -1,0 +1,193 @@
+use crate::runs::new_run;
+use trainyard::store::{DynStore, MetricPoint, StoreError};
+
+pub fn pt(key: &str, step: i64, value: f64) -> MetricPoint {
+    MetricPoint {
+        key: key.into(),
+        step,
+        value,
+        time: Some(1_000 + step),
+    }
+}
+
+pub async fn a_resent_batch_stores_each_point_once_and_keeps_the_first_value(store: DynStore) {
+    let id = new_run(&store, "retry").await;
+    let batch: Vec<_> = (0..100).map(|s| pt("loss", s, s as f64)).collect();
+    let stored = store.append_points(&id, &batch, 0).await.expect("first");
+    assert_eq!(stored.len(), 100);
+    assert!(stored
+        .windows(2)
+        .all(|w| w[0].step < w[1].step && w[0].seq < w[1].seq));
+    // The retry carries other values: the first ones stay.
+    let retry: Vec<_> = (0..100).map(|s| pt("loss", s, -1.0)).collect();
+    let again = store.append_points(&id, &retry, 0).await.expect("retry");
+    assert!(again.is_empty(), "nothing new in a resent batch");
+    // A batch that repeats a step inside itself keeps its first value too.
+    let dup = vec![pt("acc", 5, 0.5), pt("acc", 5, 0.9), pt("loss", 100, 100.0)];
+    let stored = store.append_points(&id, &dup, 0).await.expect("dup");
+    assert_eq!(stored.len(), 2);
+    let keys = store.metric_keys(&id).await.expect("keys");
+    let loss = keys.iter().find(|k| k.key == "loss").expect("loss key");
+    assert_eq!(loss.count, 101);
+    let acc = keys.iter().find(|k| k.key == "acc").expect("acc key");
+    assert_eq!((acc.count, acc.last_value), (1, 0.5));
+    let series = store
+        .read_series(&id, "loss", None, None, 1000)
+        .await
+        .expect("read");
+    assert_eq!(series.total, 101);
+    assert!(series
+        .points
+        .iter()
+        .take(100)
+        .all(|p| p.value == p.step as f64));
+}
+
+pub async fn concurrent_writers_to_one_run_store_every_point_exactly_once(store: DynStore) {
+    let id = new_run(&store, "concurrent").await;
+    let mut tasks = Vec::new();
+    for w in 0..8i64 {
+        let store = store.clone();
+        let id = id.clone();
+        tasks.push(tokio::spawn(async move {
+            for b in 0..10i64 {
+                // Each writer owns a stripe of steps; every batch is sent twice (a retry) and
+                // overlaps the neighbouring writer's "shared" key.
+                let batch: Vec<_> = (0..50)
+                    .flat_map(|i| {
+                        let step = (w * 10 + b) * 50 + i;
+                        [pt("loss", step, step as f64), pt("shared", step % 400, 1.0)]
+                    })
+                    .collect();
+                store.append_points(&id, &batch, 0).await?;
+                store.append_points(&id, &batch, 0).await?;
+            }
+            Ok::<_, StoreError>(())
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task").expect("writer");
+    }
+    let keys = store.metric_keys(&id).await.expect("keys");
+    let count = |k: &str| keys.iter().find(|m| m.key == k).map(|m| m.count);
+    assert_eq!(count("loss"), Some(4000));
+    assert_eq!(count("shared"), Some(400));
+    let series = store
+        .read_series(&id, "loss", None, None, 10_000)
+        .await
+        .expect("read");
+    let steps: Vec<i64> = series.points.iter().map(|p| p.step).collect();
+    assert_eq!(steps, (0..4000).collect::<Vec<_>>());
+    let all = store
+        .points_since(&id, None, None, 100_000)
+        .await
+        .expect("since");
+    assert_eq!(all.len(), 4400);
+    assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
+    // The rollups saw each point once: a downsampled read counts them right.
+    let small = store
+        .read_series(&id, "loss", None, None, 100)
+        .await
+        .expect("small");
+    assert_eq!(small.total, 4000);
+    assert!(small.downsampled);
+}
+
+pub async fn the_latest_metric_is_the_highest_step_not_the_last_written(store: DynStore) {
+    let id = new_run(&store, "latest").await;
+    store
+        .append_points(&id, &[pt("val/loss", 10, 2.0), pt("val/loss", 20, 1.5)], 0)
+        .await
+        .expect("first");
+    store
+        .append_points(&id, &[pt("val/loss", 15, 9.0)], 0)
+        .await
+        .expect("late point");
+    let run = store.get_run(&id).await.expect("get");
+    let latest = &run.latest_metrics["val/loss"];
+    assert_eq!((latest.step, latest.value, latest.time), (20, 1.5, 1_020));
+    let keys = store.metric_keys(&id).await.expect("keys");
+    assert_eq!(keys.len(), 1);
+    assert_eq!(
+        (keys[0].count, keys[0].last_step, keys[0].last_value),
+        (3, 20, 1.5)
+    );
+}
+
+pub async fn points_since_returns_later_points_in_seq_order(store: DynStore) {
+    let id = new_run(&store, "sse").await;
+    let first = store
+        .append_points(&id, &[pt("loss", 0, 3.0), pt("acc", 0, 0.1)], 0)
+        .await
+        .expect("first");
+    let second = store
+        .append_points(&id, &[pt("loss", 1, 2.0), pt("acc", 1, 0.2)], 0)
+        .await
+        .expect("second");
+    let after = store
+        .points_since(&id, Some(first[1].seq), None, 100)
+        .await
+        .expect("after seq");
+    assert_eq!(after, second);
+    let by_step = store
+        .points_since(&id, None, Some(0), 100)
+        .await
+        .expect("after step");
+    assert_eq!(by_step, second);
+    let limited = store
+        .points_since(&id, None, None, 3)
+        .await
+        .expect("limited");
+    assert_eq!(limited.len(), 3);
+    assert_eq!(limited[..2], first[..]);
+    // Server time fills in a missing point time.
+    let untimed = MetricPoint {
+        key: "lr".into(),
+        step: 0,
+        value: 0.1,
+        time: None,
+    };
+    let stored = store
+        .append_points(&id, &[untimed], 4242)
+        .await
+        .expect("untimed");
+    assert_eq!(stored[0].time, 4242);
+    let other = new_run(&store, "other").await;
+    assert!(store
+        .points_since(&other, None, None, 100)
+        .await
+        .expect("other")
+        .is_empty());
+}
+
+pub async fn bad_points_are_rejected_as_invalid_and_nothing_is_stored(store: DynStore) {
+    let id = new_run(&store, "bad").await;
+    let cases = [
+        ("non-finite value", pt("loss", 1, f64::NAN)),
+        ("infinite value", pt("loss", 1, f64::INFINITY)),
+        ("negative step", pt("loss", -1, 1.0)),
+        ("empty key", pt("", 1, 1.0)),
+    ];
+    for (what, bad) in cases {
+        let result = store
+            .append_points(&id, &[pt("loss", 0, 1.0), bad], 0)
+            .await;
+        assert!(
+            matches!(
+                result,
+                Err(StoreError::Invalid {
+                    field: "points",
+                    ..
+                })
+            ),
+            "{what}: {result:?}"
+        );
+    }
+    let too_many: Vec<_> = (0..10_001).map(|s| pt("loss", s, 1.0)).collect();
+    let result = store.append_points(&id, &too_many, 0).await;
+    assert!(
+        matches!(result, Err(StoreError::Invalid { .. })),
+        "{result:?}"
+    );
+    assert!(store.metric_keys(&id).await.expect("keys").is_empty());
+}
