@@ -21,18 +21,20 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-async fn time_page(app: &TestApp, path: &str, reps: usize) -> (f64, f64) {
+async fn time_page(app: &TestApp, path: &str, reps: usize) -> (f64, f64, usize) {
     let mut ms = Vec::with_capacity(reps);
+    let mut rows = 0;
     for _ in 0..reps + 2 {
         let t = Instant::now();
         let res = app.http.get(app.url(path)).send().await.expect("get");
         assert!(res.status().is_success(), "{path}: {}", res.status());
-        let _ = res.bytes().await.expect("body");
+        let body = res.text().await.expect("body");
+        rows = body.matches("data-run-row=").count();
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let mut ms = ms.split_off(2); // warm-up
     ms.sort_by(f64::total_cmp);
-    (percentile(&ms, 0.5), percentile(&ms, 0.95))
+    (percentile(&ms, 0.5), percentile(&ms, 0.95), rows)
 }
 
 #[tokio::main]
@@ -98,8 +100,8 @@ async fn main() {
         ),
         ("one experiment", format!("/experiments/{}", exp.id)),
     ] {
-        let (p50, p95) = time_page(&app, &path, 20).await;
-        println!("| {label} | {p50:.1} ms | {p95:.1} ms |");
+        let (p50, p95, rows) = time_page(&app, &path, 20).await;
+        println!("| {label} | {rows} | {p50:.1} ms | {p95:.1} ms |");
     }
     // Page 2 via the cursor in the first page's next link.
     let html = app
@@ -120,8 +122,8 @@ async fn main() {
             .trim_end_matches(['"', ' '])
             .replace("&#38;", "&")
             .replace("&amp;", "&");
-        let (p50, p95) = time_page(&app, &next, 20).await;
-        println!("| next page (cursor) | {p50:.1} ms | {p95:.1} ms |");
+        let (p50, p95, rows) = time_page(&app, &next, 20).await;
+        println!("| next page (cursor) | {rows} | {p50:.1} ms | {p95:.1} ms |");
     }
 
     println!("\n## Metric POST → point painted in the browser chart (100 single-point posts)");
@@ -164,6 +166,36 @@ async fn main() {
         percentile(&lat, 0.5),
         percentile(&lat, 0.95),
         lat[lat.len() - 1]
+    );
+
+    println!("\n## Canvas chart with a 1,000,000-point series (in the run page's Chromium)");
+    let script = r#"
+        const done = arguments[0];
+        import('/static/chart.js').then(({ LineChart }) => {
+          const box = document.createElement('div');
+          box.style.cssText = 'position:relative;width:800px;height:240px';
+          document.body.append(box);
+          const chart = new LineChart(box, { smoothing: 0.6 });
+          const s = chart.addSeries('big');
+          let t = performance.now();
+          for (let i = 0; i < 1000000; i++) s.append(i, Math.sin(i / 5000) + (i % 997 === 0 ? 3 : 0), i);
+          const append = performance.now() - t;
+          const frames = [];
+          for (let k = 0; k < 20; k++) { t = performance.now(); chart.draw(); frames.push(performance.now() - t); }
+          frames.sort((a, b) => a - b);
+          done({ append, median: frames[10], max: frames[19] });
+        });
+    "#;
+    let r = b
+        .client
+        .execute_async(script, vec![])
+        .await
+        .expect("chart timing");
+    println!(
+        "append 1M points: {:.0} ms total; full redraw (smoothed + raw): median {:.1} ms, max {:.1} ms",
+        r["append"].as_f64().unwrap_or(f64::NAN),
+        r["median"].as_f64().unwrap_or(f64::NAN),
+        r["max"].as_f64().unwrap_or(f64::NAN)
     );
     b.close().await;
 }
