@@ -400,3 +400,29 @@ async fn with_an_admin_token_pages_need_the_token() {
         .expect("css");
     assert_eq!(css.status().as_u16(), 200, "static assets hold no data");
 }
+
+#[tokio::test]
+async fn relaunching_a_run_creates_a_new_run_with_its_config() {
+    let app = spawn_app().await;
+    let id = app
+        .create_run(json!({"experiment": "re", "name": "original",
+            "config": {"training": {"max_steps": 20, "warmup_steps": 2}}}))
+        .await;
+    let res = app
+        .http
+        .post(app.url(&format!("/runs/{id}/relaunch")))
+        .send()
+        .await
+        .expect("post");
+    let path = res.url().path().to_string();
+    assert_eq!(res.status().as_u16(), 200, "{:?}", res.text().await);
+    let new_id = path
+        .strip_prefix("/runs/")
+        .expect("redirected to the new run")
+        .to_string();
+    assert_ne!(new_id, id);
+    let run = app.run(&new_id).await;
+    assert_eq!(run["name"], "original-relaunch");
+    assert_eq!(run["tags"]["relaunch_of"], id.as_str());
+    assert_eq!(run["params"]["training.max_steps"], "20");
+}

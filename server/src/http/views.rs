@@ -520,3 +520,74 @@ pub fn annotate_yaml(yaml: &str, line: Option<usize>, message: &str) -> Vec<Anno
 pub fn parse_q(q: &str) -> Result<crate::store::filter::Filter, String> {
     crate::store::filter::Filter::parse(q).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_milliseconds_format_as_utc_dates() {
+        assert_eq!(fmt_time(0), "1970-01-01 00:00");
+        assert_eq!(fmt_time(951_827_696_000), "2000-02-29 12:34");
+        assert_eq!(fmt_time(1_700_000_000_000), "2023-11-14 22:13");
+    }
+
+    #[test]
+    fn values_keep_four_significant_digits() {
+        for (v, s) in [
+            (0.0, "0"),
+            (2.5, "2.5"),
+            (0.123456, "0.1235"),
+            (1234.5, "1234"),
+            (1e-5, "1.000e-5"),
+        ] {
+            assert_eq!(fmt_value(v), s, "{v}");
+        }
+    }
+
+    #[test]
+    fn yaml_keys_map_to_their_lines() {
+        let yaml = "# c\nmodel:\n  d_model: 64\n  moe:\n    top_k: 2\ntraining:\n  lr: 1\n";
+        let lines = yaml_key_lines(yaml);
+        assert_eq!(lines.get("model.d_model"), Some(&3));
+        assert_eq!(lines.get("model.moe.top_k"), Some(&5));
+        assert_eq!(lines.get("training.lr"), Some(&7));
+        assert_eq!(line_of_field(yaml, "config.model.moe.top_k"), Some(5));
+        assert_eq!(
+            line_of_field(yaml, "training.missing"),
+            Some(6),
+            "falls back to the section"
+        );
+    }
+
+    #[test]
+    fn metric_keys_group_into_charts_and_heatmaps() {
+        let keys: Vec<String> = [
+            "val/loss",
+            "train/loss",
+            "train/lr",
+            "sys/cpu",
+            "moe/layer1/expert3",
+            "moe/layer1/expert0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let groups = chart_groups(&keys);
+        assert_eq!(
+            groups[0],
+            (
+                "Loss".to_string(),
+                vec!["train/loss".to_string(), "val/loss".to_string()]
+            )
+        );
+        assert_eq!(groups[1].0, "Learning rate");
+        assert_eq!(
+            groups.last().map(|g| g.1.clone()),
+            Some(vec!["sys/cpu".to_string()])
+        );
+        let heat = heatmap_cards(&keys);
+        assert_eq!((heat.len(), heat[0].layer, heat[0].experts), (1, 1, 4));
+        assert_eq!(expert_key("moe/layer2/expertx"), None);
+    }
+}
