@@ -344,6 +344,13 @@ export class LineChart {
     }
     flush();
     ctx.stroke();
+    if (s.n === 1 && Number.isFinite(this.ty(ys[0]))) {
+      // A lone point has no segment to stroke: mark it.
+      ctx.fillStyle = s.color;
+      ctx.beginPath();
+      ctx.arc(X(xs[0] - off), Y(this.ty(ys[0])), 3, 0, 2 * Math.PI);
+      ctx.fill();
+    }
   }
 
   pxToX(px) {

@@ -119,6 +119,8 @@ function onStatus(data) {
   reg.status = st.status;
   const stop = document.getElementById("stop-button");
   if (stop) stop.disabled = !["queued", "running"].includes(st.status);
+  const out = document.querySelector("#stop-form output");
+  if (out && !["queued", "running"].includes(st.status)) out.textContent = "";
 }
 
 function wireControls() {
