@@ -67,7 +67,10 @@ async fn the_runs_table_selects_two_runs_and_the_compare_page_overlays_them() {
             "config": {"training": {"learning_rate": 0.001, "batch_size": 8}}, "tags": {"sweep": "lr"}}))
         .await;
     app.post_points(&a, loss_points("train/loss", 0..80)).await;
-    app.post_points(&b_id, loss_points("train/loss", 0..60))
+    let slower: Vec<_> = (0..60)
+        .map(|s| json!({"key": "train/loss", "step": s, "value": 3.2 / (1.0 + s as f64 * 0.03)}))
+        .collect();
+    app.post_points(&b_id, serde_json::Value::Array(slower))
         .await;
     let b = browser().await;
     b.client.goto(&app.url("/")).await.expect("goto");
