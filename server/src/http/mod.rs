@@ -1,6 +1,8 @@
 //! The REST API v1: one module per resource, each with its `router()`, merged in `api_router`.
 
 pub mod auth;
+pub mod checkpoints;
+pub mod compare_page;
 pub mod error;
 pub mod events;
 pub mod experiments;

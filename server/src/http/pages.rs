@@ -143,8 +143,11 @@ pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<
         .route("/runs/{id}/notes", post(set_notes))
         .route("/runs/{id}/stop", post(stop_run))
         .route("/runs/{id}/relaunch", post(relaunch_run))
-        .route("/runs/{id}/checkpoints/{name}", get(download_checkpoint))
-        .route("/compare", get(compare_page))
+        .route(
+            "/runs/{id}/checkpoints/{name}",
+            get(super::checkpoints::download),
+        )
+        .route("/compare", get(super::compare_page::compare_page))
         .route("/launch", get(launch_page::form).post(launch_page::submit))
         .route_layer(axum::middleware::from_fn_with_state(
             dashboard.clone(),
@@ -514,7 +517,7 @@ fn run_row(
 // Run page and its actions
 
 /// Run ids are 32 lowercase hex characters; anything else never reaches the store or disk.
-fn check_run_id(id: &str) -> Result<(), PageError> {
+pub fn check_run_id(id: &str) -> Result<(), PageError> {
     if id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(())
     } else {
@@ -551,7 +554,7 @@ async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>) -> PageRes
             title,
         })
         .collect();
-    let checkpoints = list_checkpoints(&d, &run.id).await;
+    let checkpoints = super::checkpoints::list(&d, &run.id).await;
     let config_yaml = run
         .config
         .as_ref()
@@ -599,91 +602,6 @@ async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>) -> PageRes
             .unwrap_or_default(),
     };
     html(view)
-}
-
-async fn list_checkpoints(d: &Dashboard, run_id: &str) -> Vec<CheckpointRow> {
-    let dir = d.run_dir(run_id).join("checkpoints");
-    let run_id = run_id.to_string();
-    tokio::task::spawn_blocking(move || {
-        let mut rows = Vec::new();
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return rows;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            let Ok(meta) = entry.metadata() else { continue };
-            if !meta.is_file() || !safe_file_name(&name) {
-                continue;
-            }
-            let modified = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map(|d| fmt_time(d.as_millis() as i64))
-                .unwrap_or_default();
-            rows.push(CheckpointRow {
-                href: format!("/runs/{run_id}/checkpoints/{}", enc(&name)),
-                size: fmt_bytes(meta.len()),
-                modified,
-                name,
-            });
-        }
-        rows.sort_by(|a, b| a.name.cmp(&b.name));
-        rows
-    })
-    .await
-    .unwrap_or_default()
-}
-
-/// A plain file name: no separators, no parent references, no hidden files, no temp files.
-pub fn safe_file_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && !name.starts_with('.')
-        && !name.ends_with(".tmp")
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-async fn download_checkpoint(
-    State(d): State<Dashboard>,
-    Path((id, name)): Path<(String, String)>,
-    req: Request<Body>,
-) -> PageResult {
-    check_run_id(&id)?;
-    if !safe_file_name(&name) {
-        return Err(PageError::NotFound(format!(
-            "checkpoint `{name}` not found"
-        )));
-    }
-    let dir = d.run_dir(&id).join("checkpoints");
-    let path = dir.join(&name);
-    // Refuse symlinks that lead outside the run's checkpoint directory.
-    let inside = match (
-        tokio::fs::canonicalize(&dir).await,
-        tokio::fs::canonicalize(&path).await,
-    ) {
-        (Ok(d), Ok(p)) => p.starts_with(&d),
-        _ => false,
-    };
-    if !inside {
-        return Err(PageError::NotFound(format!(
-            "checkpoint `{name}` not found"
-        )));
-    }
-    let res = match tower_http::services::ServeFile::new(&path)
-        .oneshot(req)
-        .await
-    {
-        Ok(res) => res,
-        Err(e) => return Err(PageError::Internal(e.to_string())),
-    };
-    let mut res = res.map(Body::new);
-    if let Ok(v) = format!("attachment; filename=\"{name}\"").parse() {
-        res.headers_mut().insert(header::CONTENT_DISPOSITION, v);
-    }
-    Ok(res)
 }
 
 #[derive(Deserialize)]
@@ -786,113 +704,4 @@ async fn relaunch_run(State(d): State<Dashboard>, Path(id): Path<String>) -> Pag
     api_result(status, &json)?;
     let new_id = json.get("id").and_then(|v| v.as_str()).unwrap_or(&id);
     Ok(Redirect::to(&format!("/runs/{new_id}")).into_response())
-}
-
-// ---------------------------------------------------------------------------------------------
-// Compare
-
-async fn compare_page(
-    State(d): State<Dashboard>,
-    Query(pairs): Query<Vec<(String, String)>>,
-) -> PageResult {
-    let mut ids: Vec<String> = Vec::new();
-    let mut key = None;
-    for (k, v) in pairs {
-        match k.as_str() {
-            // Both `runs=a&runs=b` (checkboxes) and `runs=a,b` (links) select runs.
-            "runs" => ids.extend(
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(String::from),
-            ),
-            "key" if !v.is_empty() => key = Some(v),
-            _ => {}
-        }
-    }
-    ids.dedup();
-    if ids.is_empty() {
-        return Err(PageError::BadRequest(
-            "runs: select at least one run to compare".into(),
-        ));
-    }
-    if ids.len() > 32 {
-        return Err(PageError::BadRequest(
-            "runs: compare at most 32 runs".into(),
-        ));
-    }
-    let mut runs = Vec::with_capacity(ids.len());
-    for id in &ids {
-        check_run_id(id)?;
-        runs.push(d.store.get_run(id).await?);
-    }
-    let mut all_keys: Vec<String> = runs
-        .iter()
-        .flat_map(|r| r.latest_metrics.keys().cloned())
-        .filter(|k| expert_key(k).is_none())
-        .collect();
-    all_keys.sort();
-    all_keys.dedup();
-    let key = key
-        .or_else(|| {
-            ["val/loss", "train/loss"]
-                .iter()
-                .find(|k| all_keys.iter().any(|a| a == *k))
-                .map(|k| k.to_string())
-        })
-        .or_else(|| all_keys.first().cloned())
-        .unwrap_or_else(|| "train/loss".to_string());
-    let param_keys: std::collections::BTreeSet<&String> =
-        runs.iter().flat_map(|r| r.params.keys()).collect();
-    let params: Vec<ParamRow> = param_keys
-        .into_iter()
-        .map(|k| {
-            let values: Vec<String> = runs
-                .iter()
-                .map(|r| r.params.get(k).cloned().unwrap_or_else(|| "—".into()))
-                .collect();
-            let differs = values.iter().any(|v| v != &values[0]);
-            ParamRow {
-                key: k.clone(),
-                values,
-                differs,
-            }
-        })
-        .collect();
-    let runs_json = serde_json::to_string(
-        &runs
-            .iter()
-            .map(|r| serde_json::json!({"id": r.id, "name": r.name}))
-            .collect::<Vec<_>>(),
-    )
-    .map_err(|e| PageError::Internal(e.to_string()))?;
-    let view = ComparePage {
-        nav: "runs",
-        svg_href: format!(
-            "/api/v1/charts/compare.svg?runs={}&key={}&width=900&height=380",
-            ids.join(","),
-            enc(&key)
-        ),
-        keys: all_keys
-            .iter()
-            .map(|k| Choice {
-                value: k.clone(),
-                selected: *k == key,
-            })
-            .collect(),
-        differing: params.iter().filter(|p| p.differs).count(),
-        runs: runs
-            .iter()
-            .enumerate()
-            .map(|(i, r)| CompareRun {
-                id: r.id.clone(),
-                name: r.name.clone(),
-                color: PALETTE[i % PALETTE.len()],
-            })
-            .collect(),
-        runs_json,
-        key,
-        params,
-    };
-    html(view)
 }
