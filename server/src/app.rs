@@ -124,9 +124,20 @@ impl AppState {
 
 /// The whole HTTP surface, ready for `axum::serve` or `tower::ServiceExt::oneshot`.
 pub fn app(state: AppState) -> Router {
+    // The dashboard performs actions (stop, launch, edits) through the API in-process.
+    let api = Router::new()
+        .nest("/api/v1", http::api_router(&state))
+        .with_state(state.clone());
+    let dashboard = http::pages::Dashboard {
+        store: state.store.clone(),
+        data_dir: state.settings.data_dir.clone(),
+        api,
+        token: state.settings.admin_token.clone(),
+    };
     Router::new()
         .merge(http::health::router())
         .nest("/api/v1", http::api_router(&state))
+        .merge(http::pages::router(dashboard))
         .fallback(http::not_found)
         .layer(DefaultBodyLimit::max(state.settings.body_limit))
         .layer(CatchPanicLayer::custom(http::panic_response))

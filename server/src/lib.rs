@@ -1,6 +1,7 @@
 //! Trainyard server: tracking store, REST API, live events, dashboard and launcher.
 
 pub mod app;
+pub mod charts;
 pub mod cli;
 pub mod http;
 pub mod ingest;

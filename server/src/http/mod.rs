@@ -1,16 +1,21 @@
 //! The REST API v1: one module per resource, each with its `router()`, merged in `api_router`.
 
 pub mod auth;
+pub mod checkpoints;
+pub mod compare_page;
 pub mod error;
 pub mod events;
 pub mod experiments;
 pub mod extract;
 pub mod health;
 pub mod launch;
+pub mod launch_page;
 pub mod logs;
 pub mod metrics;
 pub mod openapi;
+pub mod pages;
 pub mod runs;
+pub mod views;
 
 use axum::http::{Method, Uri};
 use axum::{middleware, Router};
@@ -29,6 +34,7 @@ pub fn api_router(state: &AppState) -> Router<AppState> {
         .merge(metrics::router())
         .merge(events::router())
         .merge(openapi::router())
+        .merge(crate::charts::router(state.store.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn_with_state(
