@@ -263,6 +263,7 @@ pub type DynStore = Arc<dyn Store>;
 mod common;
 pub mod downsample;
 pub mod filter;
+pub(crate) mod ingest;
 pub mod postgres;
 mod search_filter;
 pub mod sqlite;

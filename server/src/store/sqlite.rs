@@ -3,13 +3,14 @@
 //! (WAL lets them run beside the writer).
 
 use super::common::{self, Arg, Details, RunRow, SortValues, SqlSink, RUN_COLUMNS};
-use super::downsample::{self, Agg, Extreme, SeriesSource};
 use super::filter::Filter;
 use super::{
     now_ms, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run, RunEvent, RunPage, RunQuery,
-    RunStatus, RunUpdate, Series, SeriesPoint, Store, StoreError, StoreResult, StoredPoint,
+    RunStatus, RunUpdate, Series, Store, StoreError, StoreResult, StoredPoint,
 };
 use async_trait::async_trait;
+
+mod metrics;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
@@ -237,84 +238,6 @@ async fn insert_event(
     event(&row)
 }
 
-fn agg(r: &SqliteRow) -> StoreResult<Agg> {
-    Ok(Agg {
-        count: r.try_get(0)?,
-        min: Extreme {
-            step: r.try_get(1)?,
-            value: r.try_get(2)?,
-            time: r.try_get(3)?,
-        },
-        max: Extreme {
-            step: r.try_get(4)?,
-            value: r.try_get(5)?,
-            time: r.try_get(6)?,
-        },
-    })
-}
-
-struct SqliteSeries<'a> {
-    pool: &'a SqlitePool,
-    series_id: i64,
-}
-
-#[async_trait]
-impl SeriesSource for SqliteSeries<'_> {
-    async fn raw(&self, from: i64, to: i64) -> StoreResult<Vec<SeriesPoint>> {
-        let rows = sqlx::query(
-            "SELECT step, value, time FROM metric_points \
-             WHERE series_id = ? AND step >= ? AND step <= ? ORDER BY step",
-        )
-        .bind(self.series_id)
-        .bind(from)
-        .bind(to)
-        .fetch_all(self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(SeriesPoint {
-                    step: r.try_get(0)?,
-                    value: r.try_get(1)?,
-                    time: r.try_get(2)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn rollups(&self, level: u32, from: i64, to: i64) -> StoreResult<Vec<Agg>> {
-        let rows = sqlx::query(
-            "SELECT count, min_step, min_value, min_time, max_step, max_value, max_time \
-             FROM metric_rollups WHERE series_id = ? AND level = ? AND bucket >= ? AND bucket < ?",
-        )
-        .bind(self.series_id)
-        .bind(level as i32)
-        .bind(from)
-        .bind(to)
-        .fetch_all(self.pool)
-        .await?;
-        rows.iter().map(agg).collect()
-    }
-
-    async fn bounds(&self, from: i64, to: i64) -> StoreResult<Option<(i64, i64)>> {
-        let one = |order: &'static str| {
-            sqlx::query_scalar::<_, i64>(if order == "ASC" {
-                "SELECT step FROM metric_points WHERE series_id = ? AND step >= ? AND step <= ? \
-                 ORDER BY step ASC LIMIT 1"
-            } else {
-                "SELECT step FROM metric_points WHERE series_id = ? AND step >= ? AND step <= ? \
-                 ORDER BY step DESC LIMIT 1"
-            })
-            .bind(self.series_id)
-            .bind(from)
-            .bind(to)
-            .fetch_optional(self.pool)
-        };
-        let first = one("ASC").await?;
-        let last = one("DESC").await?;
-        Ok(first.zip(last))
-    }
-}
-
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
@@ -380,6 +303,7 @@ impl Store for SqliteStore {
             Some(n) => common::valid_name("name", n)?.to_string(),
             None => format!("run-{}", &id[..8]),
         };
+        common::check_run_text(Some(&new.tags), None, new.config.as_ref())?;
         let status = new.status.unwrap_or(RunStatus::Created);
         let config = new.config.as_ref().map(|c| c.to_string());
         let now = now_ms();
@@ -432,6 +356,11 @@ impl Store for SqliteStore {
     }
 
     async fn update_run(&self, id: &str, update: RunUpdate) -> StoreResult<Run> {
+        common::check_run_text(
+            update.tags.as_ref(),
+            update.notes.as_deref(),
+            update.config.as_ref(),
+        )?;
         let mut tx = self.write.begin().await?;
         let stored: Option<String> =
             sqlx::query_scalar::<_, Option<String>>("SELECT config FROM runs WHERE id = ?")
@@ -559,122 +488,11 @@ impl Store for SqliteStore {
         points: &[MetricPoint],
         now_ms: i64,
     ) -> StoreResult<Vec<StoredPoint>> {
-        let batch = common::prepare_batch(points, now_ms)?;
-        let mut tx = self.write.begin().await?;
-        sqlx::query("SELECT 1 FROM runs WHERE id = ?")
-            .bind(run_id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or_else(|| common::not_found_run(run_id))?;
-        if batch.points.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Series of the batch's keys, created on first use.
-        let mut qb =
-            QueryBuilder::<Sqlite>::new("SELECT id, key FROM metric_series WHERE run_id = ");
-        qb.push_bind(run_id).push(" AND key IN ");
-        common::push_in_list(&batch.keys, &mut qb);
-        let mut series = common::SeriesMap::default();
-        for row in qb.build().fetch_all(&mut *tx).await? {
-            series.insert(row.try_get(1)?, row.try_get(0)?);
-        }
-        for key in &batch.keys {
-            if series.get(key).is_none() {
-                let sid: i64 = sqlx::query_scalar(
-                    "INSERT INTO metric_series (run_id, key, count, last_step, last_value, \
-                     last_time) VALUES (?, ?, 0, -1, 0, 0) RETURNING id",
-                )
-                .bind(run_id)
-                .bind(key)
-                .fetch_one(&mut *tx)
-                .await?;
-                series.insert(key.clone(), sid);
-            }
-        }
-        let rows: Vec<(i64, i64, f64, i64)> = batch
-            .points
-            .iter()
-            .map(|p| (series.id(&p.key), p.step, p.value, p.time))
-            .collect();
-        let mut inserted = std::collections::HashMap::with_capacity(rows.len());
-        for chunk in rows.chunks(CHUNK) {
-            let mut qb = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO metric_points (series_id, step, value, time) ",
-            );
-            qb.push_values(chunk, |mut b, &(sid, step, value, time)| {
-                b.push_bind(sid)
-                    .push_bind(step)
-                    .push_bind(value)
-                    .push_bind(time);
-            });
-            qb.push(" ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step");
-            for row in qb.build().fetch_all(&mut *tx).await? {
-                let seq: i64 = row.try_get(0)?;
-                inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
-            }
-        }
-        let outcome = common::summarize(&batch, &series, &inserted);
-        for u in &outcome.series {
-            sqlx::query(
-                "UPDATE metric_series SET count = count + ?, \
-                 last_step = CASE WHEN ? > last_step THEN ? ELSE last_step END, \
-                 last_value = CASE WHEN ? > last_step THEN ? ELSE last_value END, \
-                 last_time = CASE WHEN ? > last_step THEN ? ELSE last_time END WHERE id = ?",
-            )
-            .bind(u.added)
-            .bind(u.last_step)
-            .bind(u.last_step)
-            .bind(u.last_step)
-            .bind(u.last_value)
-            .bind(u.last_step)
-            .bind(u.last_time)
-            .bind(u.series_id)
-            .execute(&mut *tx)
-            .await?;
-        }
-        for chunk in outcome.rollups.chunks(CHUNK) {
-            let mut qb = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO metric_rollups (series_id, level, bucket, count, min_step, \
-                 min_value, min_time, max_step, max_value, max_time) ",
-            );
-            qb.push_values(chunk, |mut b, (sid, d)| {
-                b.push_bind(*sid)
-                    .push_bind(d.level)
-                    .push_bind(d.bucket)
-                    .push_bind(d.agg.count)
-                    .push_bind(d.agg.min.step)
-                    .push_bind(d.agg.min.value)
-                    .push_bind(d.agg.min.time)
-                    .push_bind(d.agg.max.step)
-                    .push_bind(d.agg.max.value)
-                    .push_bind(d.agg.max.time);
-            });
-            qb.push(common::ROLLUP_MERGE);
-            qb.build().execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(outcome.stored)
+        self.write_points(run_id, points, now_ms).await
     }
 
     async fn metric_keys(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
-        self.run_exists(run_id).await?;
-        let rows = sqlx::query(
-            "SELECT key, count, last_step, last_value FROM metric_series \
-             WHERE run_id = ? AND count > 0 ORDER BY key",
-        )
-        .bind(run_id)
-        .fetch_all(&self.read)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(MetricKey {
-                    key: r.try_get(0)?,
-                    count: r.try_get(1)?,
-                    last_step: r.try_get(2)?,
-                    last_value: r.try_get(3)?,
-                })
-            })
-            .collect()
+        self.keys_of(run_id).await
     }
 
     async fn read_series(
@@ -685,22 +503,8 @@ impl Store for SqliteStore {
         end_step: Option<i64>,
         max_points: usize,
     ) -> StoreResult<Series> {
-        let series =
-            sqlx::query("SELECT id, count FROM metric_series WHERE run_id = ? AND key = ?")
-                .bind(run_id)
-                .bind(key)
-                .fetch_optional(&self.read)
-                .await?;
-        let Some(series) = series else {
-            self.run_exists(run_id).await?;
-            return Ok(common::empty_series(key));
-        };
-        let src = SqliteSeries {
-            pool: &self.read,
-            series_id: series.try_get(0)?,
-        };
-        let count: i64 = series.try_get(1)?;
-        downsample::read_series(&src, key, count, start_step, end_step, max_points).await
+        self.series_of(run_id, key, start_step, end_step, max_points)
+            .await
     }
 
     async fn points_since(
@@ -710,29 +514,8 @@ impl Store for SqliteStore {
         after_step: Option<i64>,
         limit: usize,
     ) -> StoreResult<Vec<StoredPoint>> {
-        self.run_exists(run_id).await?;
-        let rows = sqlx::query(
-            "SELECT s.key, p.step, p.value, p.time, p.seq FROM metric_points p \
-             JOIN metric_series s ON s.id = p.series_id \
-             WHERE s.run_id = ? AND p.seq > ? AND p.step > ? ORDER BY p.seq LIMIT ?",
-        )
-        .bind(run_id)
-        .bind(after_seq.unwrap_or(0))
-        .bind(after_step.unwrap_or(-1))
-        .bind(limit as i64)
-        .fetch_all(&self.read)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(StoredPoint {
-                    key: r.try_get(0)?,
-                    step: r.try_get(1)?,
-                    value: r.try_get(2)?,
-                    time: r.try_get(3)?,
-                    seq: r.try_get(4)?,
-                })
-            })
-            .collect()
+        self.points_after(run_id, after_seq, after_step, limit)
+            .await
     }
 
     async fn run_events(&self, run_id: &str, after_seq: Option<i64>) -> StoreResult<Vec<RunEvent>> {

@@ -48,6 +48,8 @@ both_backends!(
     runs::every_operation_on_an_unknown_run_is_not_found,
     runs::set_status_stamps_times_and_records_events_in_order,
     runs::runs_with_status_lists_only_those_statuses,
+    runs::racing_config_writes_leave_one_winner_and_conflicts_for_the_rest,
+    runs::text_the_database_cannot_hold_is_invalid_not_a_database_error,
     metrics::a_resent_batch_stores_each_point_once_and_keeps_the_first_value,
     metrics::concurrent_writers_to_one_run_store_every_point_exactly_once,
     metrics::the_latest_metric_is_the_highest_step_not_the_last_written,

@@ -252,3 +252,105 @@ pub async fn runs_with_status_lists_only_those_statuses(store: DynStore) {
     want.sort();
     assert_eq!(ids, want);
 }
+
+pub async fn racing_config_writes_leave_one_winner_and_conflicts_for_the_rest(store: DynStore) {
+    let id = new_run(&store, "race").await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = store.clone();
+        let id = id.clone();
+        tasks.push(tokio::spawn(async move {
+            let update = RunUpdate {
+                config: Some(json!({"seed": i})),
+                ..Default::default()
+            };
+            store.update_run(&id, update).await
+        }));
+    }
+    let mut wins = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(_) => wins += 1,
+            Err(StoreError::Conflict { field, .. }) => assert_eq!(field, Some("config")),
+            Err(other) => panic!("a client mistake must not be a database error: {other:?}"),
+        }
+    }
+    assert_eq!(wins, 1);
+    let run = store.get_run(&id).await.expect("get");
+    assert_eq!(run.params.len(), 1);
+    let seed = &run.params["seed"];
+    assert_eq!(
+        run.config,
+        Some(json!({"seed": seed.parse::<i64>().expect("number")}))
+    );
+}
+
+pub async fn text_the_database_cannot_hold_is_invalid_not_a_database_error(store: DynStore) {
+    let id = new_run(&store, "nul").await;
+    let nul = "a\0b".to_string();
+    let cases: Vec<(&str, Result<(), StoreError>)> = vec![
+        (
+            "experiment",
+            store.create_experiment(&nul).await.map(|_| ()),
+        ),
+        (
+            "tags",
+            store
+                .update_run(
+                    &id,
+                    RunUpdate {
+                        tags: Some(tags(&[("k", "a\0b")])),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "notes",
+            store
+                .update_run(
+                    &id,
+                    RunUpdate {
+                        notes: Some(nul.clone()),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "config",
+            store
+                .create_run(NewRun {
+                    experiment_id: "0".into(),
+                    config: Some(json!({"data": {"name": nul.clone()}})),
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "metric key",
+            store
+                .append_points(
+                    &id,
+                    &[MetricPoint {
+                        key: nul.clone(),
+                        step: 0,
+                        value: 1.0,
+                        time: None,
+                    }],
+                    0,
+                )
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (what, result) in cases {
+        assert!(
+            matches!(result, Err(StoreError::Invalid { .. })),
+            "{what}: {result:?}"
+        );
+    }
+}

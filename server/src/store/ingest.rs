@@ -1,0 +1,177 @@
+//! Preparing a metric batch for either backend: validation, de-duplication, and what the
+//! newly inserted points change in their series and rollups.
+
+use super::{StoreError, StoreResult};
+use std::collections::HashMap;
+
+/// A point ready to store: its time filled in.
+#[derive(Debug, Clone)]
+pub struct BatchPoint {
+    pub key: String,
+    pub step: i64,
+    pub value: f64,
+    pub time: i64,
+}
+
+/// A validated batch with repeats of a (key, step) dropped (the first value wins).
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub points: Vec<BatchPoint>,
+    /// Distinct keys, in first-seen order.
+    pub keys: Vec<String>,
+}
+
+/// Checks and deduplicates a batch; a bad point is a client error, never a database one.
+pub fn prepare_batch(points: &[super::MetricPoint], now_ms: i64) -> StoreResult<Batch> {
+    if points.len() > super::MAX_POINTS_PER_BATCH {
+        return Err(StoreError::Invalid {
+            field: "points",
+            message: format!(
+                "{} points in one batch; at most {} are accepted",
+                points.len(),
+                super::MAX_POINTS_PER_BATCH
+            ),
+        });
+    }
+    let mut seen = std::collections::HashSet::with_capacity(points.len());
+    let mut keys = Vec::new();
+    let mut key_seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(points.len());
+    for (i, p) in points.iter().enumerate() {
+        let bad = |message: String| StoreError::Invalid {
+            field: "points",
+            message: format!("point {i}: {message}"),
+        };
+        if p.key.is_empty() {
+            return Err(bad("key must not be empty".into()));
+        }
+        if p.key.contains('\0') {
+            return Err(bad("key must not contain NUL characters".into()));
+        }
+        if p.step < 0 {
+            return Err(bad(format!("step must be >= 0, got {}", p.step)));
+        }
+        if !p.value.is_finite() {
+            return Err(bad(format!("value must be finite, got {}", p.value)));
+        }
+        if !seen.insert((p.key.as_str(), p.step)) {
+            continue;
+        }
+        if key_seen.insert(p.key.as_str()) {
+            keys.push(p.key.clone());
+        }
+        out.push(BatchPoint {
+            key: p.key.clone(),
+            step: p.step,
+            value: p.value,
+            time: p.time.unwrap_or(now_ms),
+        });
+    }
+    Ok(Batch { points: out, keys })
+}
+
+/// Series ids of a run's keys.
+#[derive(Debug, Default)]
+pub struct SeriesMap(HashMap<String, i64>);
+
+impl SeriesMap {
+    pub fn insert(&mut self, key: String, id: i64) {
+        self.0.insert(key, id);
+    }
+    pub fn get(&self, key: &str) -> Option<i64> {
+        self.0.get(key).copied()
+    }
+    /// Every key of a batch has a series before its points are written.
+    pub fn id(&self, key: &str) -> i64 {
+        self.0.get(key).copied().unwrap_or(-1)
+    }
+}
+
+/// What a batch changed in one series: points added and the latest of them.
+#[derive(Debug, Clone)]
+pub struct SeriesUpdate {
+    pub series_id: i64,
+    pub added: i64,
+    pub last_step: i64,
+    pub last_value: f64,
+    pub last_time: i64,
+}
+
+pub struct Outcome {
+    pub stored: Vec<super::StoredPoint>,
+    pub series: Vec<SeriesUpdate>,
+    pub rollups: Vec<(i64, super::downsample::RollupDelta)>,
+}
+
+/// From the points the database actually inserted ((series, step) → seq), the stored points
+/// in input order, the series updates and the rollup deltas. Only new points count, so a
+/// retried batch changes nothing.
+pub fn summarize(
+    batch: &Batch,
+    series: &SeriesMap,
+    inserted: &HashMap<(i64, i64), i64>,
+) -> Outcome {
+    let mut stored = Vec::with_capacity(inserted.len());
+    let mut per_series: HashMap<i64, Vec<(i64, f64, i64)>> = HashMap::new();
+    for p in &batch.points {
+        let sid = series.id(&p.key);
+        if let Some(&seq) = inserted.get(&(sid, p.step)) {
+            stored.push(super::StoredPoint {
+                key: p.key.clone(),
+                step: p.step,
+                value: p.value,
+                time: p.time,
+                seq,
+            });
+            per_series
+                .entry(sid)
+                .or_default()
+                .push((p.step, p.value, p.time));
+        }
+    }
+    let mut updates = Vec::with_capacity(per_series.len());
+    let mut rollups = Vec::new();
+    for (sid, points) in per_series {
+        let last = points
+            .iter()
+            .max_by_key(|p| p.0)
+            .copied()
+            .unwrap_or((0, 0.0, 0));
+        updates.push(SeriesUpdate {
+            series_id: sid,
+            added: points.len() as i64,
+            last_step: last.0,
+            last_value: last.1,
+            last_time: last.2,
+        });
+        rollups.extend(
+            super::downsample::rollup_deltas(&points)
+                .into_iter()
+                .map(|d| (sid, d)),
+        );
+    }
+    // A fixed order keeps concurrent writers from locking rows in opposite orders.
+    updates.sort_by_key(|u| u.series_id);
+    rollups.sort_by_key(|(sid, d)| (*sid, d.level, d.bucket));
+    Outcome {
+        stored,
+        series: updates,
+        rollups,
+    }
+}
+
+/// Merges a rollup delta into an existing bucket (both backends' upsert syntax).
+pub const ROLLUP_MERGE: &str = " ON CONFLICT (series_id, level, bucket) DO UPDATE SET \
+    count = metric_rollups.count + excluded.count, \
+    min_step = CASE WHEN excluded.min_value < metric_rollups.min_value THEN excluded.min_step \
+        ELSE metric_rollups.min_step END, \
+    min_value = CASE WHEN excluded.min_value < metric_rollups.min_value THEN excluded.min_value \
+        ELSE metric_rollups.min_value END, \
+    min_time = CASE WHEN excluded.min_value < metric_rollups.min_value THEN excluded.min_time \
+        ELSE metric_rollups.min_time END, \
+    max_step = CASE WHEN excluded.max_value > metric_rollups.max_value THEN excluded.max_step \
+        ELSE metric_rollups.max_step END, \
+    max_value = CASE WHEN excluded.max_value > metric_rollups.max_value THEN excluded.max_value \
+        ELSE metric_rollups.max_value END, \
+    max_time = CASE WHEN excluded.max_value > metric_rollups.max_value THEN excluded.max_time \
+        ELSE metric_rollups.max_time END";
