@@ -19,7 +19,7 @@ use candle_nn::{VarBuilder, VarMap};
 use trainer::config::{Config, MoeConfig};
 use trainer::data::{self, BatchSampler};
 use trainer::model::{self, Gpt};
-use trainer::optim::{self, clip_grad_norm, Optimizer};
+use trainer::optim::{self, clip_grad_norm};
 use trainer::train::device::configure_threads;
 use trainer::train::Trainer;
 
