@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the `trainyard` binary with candle's CUDA kernels (`--features cuda`).
+#
+# Works on a machine with no GPU and no system CUDA: if no toolkit is found (nvcc on PATH or
+# CUDA_HOME), it sources a toolkit set-up script that installs CUDA 13.0 from PyPI wheels and
+# prints the build environment (CUDA_TOOLKIT_SETUP, default ../shared/cuda/setup-toolkit.sh).
+# The CPU build (`cargo build --release`) stays the default and needs none of this.
+#
+# usage: scripts/build-cuda.sh [extra cargo args]
+#   CUDA_COMPUTE_CAP   target compute capability (default 90: H100/H200)
+#   CARGO_TARGET_DIR   where to build (default target-cuda, kept apart from the CPU build)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ]; then
+  setup=${CUDA_TOOLKIT_SETUP:-$root/../shared/cuda/setup-toolkit.sh}
+  if [ ! -x "$setup" ]; then
+    echo "build-cuda: no CUDA toolkit (nvcc) found and no set-up script at $setup" >&2
+    echo "build-cuda: install CUDA 13.0 or set CUDA_TOOLKIT_SETUP" >&2
+    exit 1
+  fi
+  cargo fetch --quiet   # the set-up script reads cudarc's sources for its link stub
+  eval "$("$setup")"
+fi
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target-cuda}
+cargo build --release --features cuda --bin trainyard "$@"
+echo "built $CARGO_TARGET_DIR/release/trainyard (CUDA, compute capability $CUDA_COMPUTE_CAP)"
