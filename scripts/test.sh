@@ -39,10 +39,30 @@ ensure_postgres() {
         echo "ERROR: PostgreSQL is not reachable at $PG_URL; the Postgres tests cannot run." >&2
         exit 1
     fi
-    # The tests connect as `postgres` without a password: allow it on loopback if needed.
+    # A fresh Debian cluster asks for a password on TCP: give the local `postgres` role one
+    # (through the peer-authenticated socket) and use it, unless a URL was given explicitly.
+    if ! psql "$PG_URL" -c 'select 1' >/dev/null 2>&1 && [ -z "${TEST_DATABASE_URL:-}" ]; then
+        echo "==> setting a password for the postgres role (loopback test use)"
+        as_root runuser -u postgres -- psql -q -c "ALTER USER postgres PASSWORD 'postgres'" || true
+        PG_URL="postgres://postgres:postgres@127.0.0.1:5432/postgres"
+    fi
     if ! psql "$PG_URL" -c 'select 1' >/dev/null 2>&1; then
         echo "ERROR: cannot log in to $PG_URL (configure trust or set TEST_DATABASE_URL)." >&2
         exit 1
+    fi
+}
+
+# The browser tests drive Debian's Chromium over WebDriver; charts render text with DejaVu.
+ensure_browser() {
+    local missing=()
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+    [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+    command -v fc-list >/dev/null 2>&1 || missing+=(fontconfig)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "==> installing ${missing[*]}"
+        as_root apt-get update -q
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
     fi
 }
 
@@ -50,7 +70,7 @@ ensure_postgres
 export TEST_DATABASE_URL="$PG_URL"
 echo "==> Postgres tests use $TEST_DATABASE_URL"
 
-# --- browser tests: install chromium + chromium-driver here when they land -------------------
+ensure_browser
 
 echo "==> cargo test --workspace"
 cargo test --workspace "$@"

@@ -29,6 +29,8 @@ pub enum Command {
     Train(trainer::cli::TrainArgs),
     /// Generate text from a checkpoint.
     Sample(trainer::cli::SampleArgs),
+    /// Tokenizer tools (`tokenizer train --input ... --vocab-size N --out tokenizer.json`).
+    Tokenizer(trainer::cli::TokenizerArgs),
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +89,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Sample(args) => {
             tokio::task::spawn_blocking(move || trainer::cli::run_sample(args)).await?
+        }
+        Command::Tokenizer(args) => {
+            tokio::task::spawn_blocking(move || trainer::cli::run_tokenizer(args)).await?
         }
         Command::Submit(args) => {
             let code = crate::submit::run(args).await?;
