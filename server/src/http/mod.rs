@@ -6,6 +6,7 @@ pub mod compare_page;
 pub mod error;
 pub mod events;
 pub mod experiments;
+pub mod experts;
 pub mod extract;
 pub mod health;
 pub mod launch;
@@ -32,6 +33,7 @@ pub fn api_router(state: &AppState) -> Router<AppState> {
         .merge(launch::router())
         .merge(logs::router())
         .merge(metrics::router())
+        .merge(experts::router())
         .merge(events::router())
         .merge(openapi::router())
         .merge(crate::charts::router(state.store.clone()))

@@ -23,6 +23,7 @@ use crate::app::AppState;
         super::metrics::post_metrics,
         super::metrics::read_series,
         super::metrics::metric_keys,
+        super::experts::expert_utilization,
         super::events::run_events,
         super::events::all_events,
         super::launch::stop_run,

@@ -8,6 +8,7 @@ mod cli;
 mod errors;
 mod events;
 mod experiments;
+mod experts;
 mod metrics;
 mod openapi;
 mod runs;
