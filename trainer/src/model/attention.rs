@@ -97,10 +97,10 @@ impl CausalSelfAttention {
         let q = (self.apply_rope(&q, t)? * (1.0 / (hd as f64).sqrt()))?;
         let k = self.apply_rope(&k, t)?;
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?; // (T, T)
-        let att = q.matmul(&k.t()?)?.broadcast_add(&mask)?; // (BH, T, T)
+        let att = super::autocast::matmul(&q, &k.t()?)?.broadcast_add(&mask)?; // (BH, T, T)
         let att = candle_nn::ops::softmax(&att, D::Minus1)?;
         let att = maybe_dropout(&att, self.dropout, rng)?;
-        let y = att.matmul(&v)?; // (BH, T, hd)
+        let y = super::autocast::matmul(&att, &v)?; // (BH, T, hd)
         let y = y
             .reshape((b, h, t, hd))?
             .transpose(1, 2)?

@@ -160,8 +160,11 @@ impl Gpt {
             None => {
                 let d = self.cfg.d_model;
                 let flat = x.reshape((b * t, d))?; // (BT, D)
-                flat.matmul(&self.wte.table().t()?)?
-                    .reshape((b, t, self.cfg.vocab_size))?
+                super::autocast::matmul(&flat, &self.wte.table().t()?)?.reshape((
+                    b,
+                    t,
+                    self.cfg.vocab_size,
+                ))?
             }
         }; // (B, T, V)
         Ok(ModelOutput {

@@ -42,7 +42,7 @@ impl Module for Linear {
         let (lead, in_dim) = dims.split_at(dims.len() - 1);
         let out_dim = self.weight.dim(0)?;
         let x2 = x.reshape(((), in_dim[0]))?; // (N, in)
-        let y = x2.matmul(&self.weight.t()?)?; // (N, out)
+        let y = super::autocast::matmul(&x2, &self.weight.t()?)?; // (N, out)
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

@@ -3,6 +3,7 @@
 //! finite-difference tests in `tests/gradcheck.rs` prove it.
 
 mod attention;
+pub mod autocast;
 mod embedding;
 mod gpt;
 mod init;

@@ -168,6 +168,7 @@ impl Trainer {
     pub fn step(&mut self) -> Result<StepStats> {
         let started = Instant::now();
         let t = &self.cfg.training;
+        let _autocast = model::autocast::autocast(t.precision);
         let accum = t.grad_accum_steps.max(1);
         let step_index = self.state.step; // 0-based index of this step
         let lr = lr_at(t, step_index as usize);
@@ -231,6 +232,7 @@ impl Trainer {
 
     /// Mean validation loss over the fixed `eval_iters` validation batches (no dropout).
     pub fn estimate_loss(&self) -> Result<f64> {
+        let _autocast = model::autocast::autocast(self.cfg.training.precision);
         let mut sum = 0.0f64;
         for batch in &self.eval_batches {
             let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)

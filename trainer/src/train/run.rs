@@ -80,13 +80,18 @@ fn train(
     reporter: &mut Reporter,
 ) -> Result<RunOutcome> {
     let out = &opts.out_dir;
-    if cfg.training.precision != Precision::F32 {
-        tracing::warn!(
-            precision = ?cfg.training.precision,
-            "training.precision: only f32 is implemented; training in f32"
-        );
-    }
     let dev = device::resolve_device(&cfg.training.device)?;
+    match (cfg.training.precision, dev.is_cuda()) {
+        // TF32 is a mode of cuBLAS's f32 GEMMs, not a dtype: switch it on for the process.
+        (Precision::Tf32, true) => candle_core::cuda::set_gemm_reduced_precision_f32(true),
+        (Precision::Tf32, false) => {
+            tracing::info!("training.precision: tf32 only changes CUDA matmuls; f32 on the CPU")
+        }
+        (Precision::Bf16, false) => tracing::info!(
+            "training.precision: bf16 matmuls on the CPU check numerics but are slower than f32"
+        ),
+        _ => {}
+    }
     std::fs::write(out.join("config.yaml"), cfg.to_yaml()?)
         .with_context(|| format!("writing {}", out.join("config.yaml").display()))?;
     tracing::info!(device = ?dev, threads, out = %out.display(), "starting");

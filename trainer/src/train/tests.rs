@@ -315,3 +315,43 @@ fn an_moe_run_reports_routing_telemetry_and_its_checkpoint_samples() {
     };
     loaded.generate("x", 4, params, 1).unwrap();
 }
+
+#[test]
+fn a_bf16_run_tracks_the_f32_loss_curve_and_keeps_f32_master_weights() {
+    // Same seed, data and init: only the matmul precision differs.
+    let run = |precision: &str| {
+        let cfg = tiny(&[
+            "training.max_steps=60",
+            "training.learning_rate=1e-2",
+            &format!("training.precision={precision}"),
+        ]);
+        let mut trainer = Trainer::new(cfg, Device::Cpu).unwrap();
+        let losses: Vec<f32> = (0..60).map(|_| trainer.step().unwrap().loss).collect();
+        let dtypes: Vec<DType> = trainer
+            .optimizer
+            .params()
+            .iter()
+            .map(|p| p.var.as_tensor().dtype())
+            .collect();
+        (losses, dtypes, trainer.estimate_loss().unwrap())
+    };
+    let (f32_losses, _, f32_val) = run("f32");
+    let (bf16_losses, bf16_dtypes, bf16_val) = run("bf16");
+    assert!(bf16_dtypes.iter().all(|d| *d == DType::F32));
+    assert_ne!(
+        f32_losses, bf16_losses,
+        "bf16 really changed the arithmetic"
+    );
+    // bf16 keeps 8 mantissa bits: per-step losses differ by rounding noise, never by a drift.
+    for (step, (a, b)) in f32_losses.iter().zip(&bf16_losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 0.03 * a.max(1.0),
+            "step {step}: f32 {a} vs bf16 {b}"
+        );
+    }
+    assert!(bf16_losses[59] < 0.7 * bf16_losses[0], "bf16 run learns");
+    assert!(
+        (f32_val - bf16_val).abs() < 0.03 * f32_val,
+        "{f32_val} vs {bf16_val}"
+    );
+}
