@@ -316,6 +316,26 @@ async fn a_run_launched_from_the_form_lands_on_its_live_page() {
     // The launcher picks it up: the badge leaves `queued` live, without a reload.
     b.wait_for("return !['created', 'queued'].includes(document.getElementById('status-badge').dataset.status || document.getElementById('status-badge').textContent)", WAIT)
         .await;
+    // It really trains on the CPU: the badge reaches `finished` live, every step is recorded,
+    // and the reloaded page charts the whole loss curve.
+    b.wait_for(
+        "const s = document.getElementById('status-badge'); return (s.dataset.status || s.textContent.trim()) === 'finished'",
+        Duration::from_secs(180),
+    )
+    .await;
+    let run = app.run(&id).await;
+    assert_eq!(run["status"], "finished", "{run}");
+    assert_eq!(run["latest_metrics"]["train/loss"]["step"], 20, "{run}");
+    assert!(
+        run["latest_metrics"]["val/loss"]["value"].is_number(),
+        "{run}"
+    );
+    b.client.refresh().await.expect("reload");
+    b.wait_for(
+        "const c = window.__trainyard && window.__trainyard.charts['train/loss']; return !!c && c.points === 20 && c.lastStep === 20",
+        WAIT,
+    )
+    .await;
     b.screenshot("run-launched").await;
     b.close().await;
 }
