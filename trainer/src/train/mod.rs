@@ -8,6 +8,7 @@
 //! step).
 
 pub mod device;
+pub mod mfu;
 pub mod run;
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{device, StepStats, Trainer};
+use super::{device, mfu, StepStats, Trainer};
 use crate::checkpoint;
 use crate::config::{Config, Precision};
 use crate::report::{unix_ms, Reporter, ServerTarget};
@@ -92,6 +92,12 @@ fn train(
         ),
         _ => {}
     }
+    let cuda_ordinal = match cfg.training.device.parse::<crate::config::DeviceSpec>() {
+        Ok(crate::config::DeviceSpec::Cuda(n)) => Some(n),
+        _ if dev.is_cuda() => Some(0),
+        _ => None,
+    };
+    let peak_flops = mfu::device_peak(cuda_ordinal);
     std::fs::write(out.join("config.yaml"), cfg.to_yaml()?)
         .with_context(|| format!("writing {}", out.join("config.yaml").display()))?;
     tracing::info!(device = ?dev, threads, out = %out.display(), "starting");
@@ -102,6 +108,7 @@ fn train(
     };
     let t = &cfg.training;
     let max_steps = t.max_steps as u64;
+    let flops_per_token = crate::model::Gpt::flops_per_token(&cfg.model, t.seq_len);
     let stats = &trainer.data().stats;
     tracing::info!(
         params = trainer.num_params(),
@@ -122,6 +129,13 @@ fn train(
             anyhow::bail!("training diverged at step {}: loss is {}", s.step, s.loss);
         }
         let mut metrics = step_metrics(&s);
+        if let Some(peak) = peak_flops {
+            let tokens_per_s = s.tokens as f64 / s.seconds.max(1e-9);
+            metrics.insert(
+                "perf/mfu".into(),
+                mfu::mfu(tokens_per_s, flops_per_token, peak),
+            );
+        }
         if first_line {
             metrics.insert("model/params".into(), trainer.num_params() as f64);
             first_line = false;
