@@ -7,7 +7,7 @@ learned positions, tied embeddings, GPT-2 init with residual projections scaled 
 (no decay on biases/norms/embeddings) and global-norm clipping, and prints one JSON line with
 tokens/s, MFU and peak memory.
 
-usage: python3 bench/torch_gpu.py --profile configs/medium.yaml [--mode eager|compile]
+usage: python3 bench/torch_gpu.py --profile RUN_DIR/config.yaml (a resolved config) [--mode eager|compile]
            [--precision bf16|f32|tf32] [--batch-size 8] [--seq-len 1024] [--steps 30]
 """
 import argparse
