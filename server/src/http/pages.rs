@@ -167,19 +167,9 @@ async fn require_token(
     let Some(token) = d.token.as_deref().filter(|t| !t.is_empty()) else {
         return next.run(req).await;
     };
-    let headers = req.headers();
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let cookie = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|c| c.trim().strip_prefix("trainyard_token="))
-        .next();
-    if bearer == Some(token) || cookie == Some(token) {
+    // Same rule as the API: the cookie for reads, and for the dashboard's own form posts.
+    let presented = super::auth::presented_token(req.method(), req.headers());
+    if presented.is_some_and(|p| super::auth::constant_time_eq(p.as_bytes(), token.as_bytes())) {
         return next.run(req).await;
     }
     let page = ErrorPage {

@@ -104,3 +104,42 @@ async fn the_health_check_needs_no_token() {
         .expect("GET");
     assert_eq!(response.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn with_a_token_the_dashboard_cookie_reads_the_api_but_cannot_write_cross_site() {
+    let app = spawn_app_with(|s| s.admin_token = Some("s3cret".into())).await;
+    let read = app
+        .client
+        .get(app.url("/api/v1/experiments"))
+        .header("cookie", "trainyard_token=s3cret")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(read.status(), StatusCode::OK);
+
+    let cross_site = app
+        .client
+        .post(app.url("/api/v1/experiments"))
+        .header("cookie", "trainyard_token=s3cret")
+        .header("origin", "https://elsewhere.example")
+        .json(&serde_json::json!({"name": "forged"}))
+        .send()
+        .await
+        .expect("POST");
+    assert_error(cross_site, StatusCode::UNAUTHORIZED, "unauthorized", None).await;
+
+    let listed: Value = app
+        .client
+        .get(app.url("/api/v1/experiments"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        !listed.to_string().contains("forged"),
+        "nothing was created: {listed}"
+    );
+}
