@@ -4,6 +4,7 @@
 
 mod attention;
 mod embedding;
+pub mod fused;
 mod gpt;
 mod init;
 mod linear;
