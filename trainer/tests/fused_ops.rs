@@ -1,0 +1,158 @@
+//! The fused CPU kernels (causal softmax, tanh-GELU) against candle's primitive ops and against
+//! finite differences, on small tensors (one thread) and on big ones (split across threads).
+
+use candle_core::{DType, Device, Result, Tensor, Var, D};
+use trainer::model::fused::{causal_softmax, gelu_tanh};
+
+/// Deterministic, non-trivial values in roughly [-2, 2].
+fn values(shape: &[usize], dtype: DType, phase: f64) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let j = Tensor::arange(0u32, n as u32, &Device::Cpu)?.to_dtype(DType::F64)?;
+    ((j * 0.61)? + phase)?
+        .sin()?
+        .affine(2.0, 0.0)?
+        .reshape(shape)?
+        .to_dtype(dtype)
+}
+
+/// The primitive-op version the fused softmax replaces.
+fn reference_causal_softmax(x: &Tensor, scale: f64) -> Result<Tensor> {
+    let t = x.dim(D::Minus1)?;
+    let mask: Vec<f64> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f64::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (t, t), x.device())?.to_dtype(x.dtype())?;
+    candle_nn::ops::softmax(&(x * scale)?.broadcast_add(&mask)?, D::Minus1)
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
+    (a - b)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_dtype(DType::F64)?
+        .to_scalar()
+}
+
+/// Central finite differences of sum(w ⊙ f(x)) for every entry of x, against autograd.
+fn check_gradient(f: impl Fn(&Tensor) -> Result<Tensor>, shape: &[usize]) -> Result<f64> {
+    let x = Var::from_tensor(&values(shape, DType::F64, 0.3)?)?;
+    let w = values(shape, DType::F64, 1.7)?;
+    let objective = |x: &Tensor| -> Result<f64> { (f(x)? * &w)?.sum_all()?.to_scalar() };
+    let grads = objective_tensor(&f, x.as_tensor(), &w)?.backward()?;
+    let analytic: Vec<f64> = grads
+        .get(x.as_tensor())
+        .expect("x has a gradient")
+        .flatten_all()?
+        .to_vec1()?;
+    let base: Vec<f64> = x.as_tensor().flatten_all()?.to_vec1()?;
+    let h = 1e-6;
+    let mut worst: f64 = 0.0;
+    for i in 0..base.len() {
+        let mut bumped = base.clone();
+        bumped[i] = base[i] + h;
+        let plus = objective(&Tensor::from_vec(bumped.clone(), shape, &Device::Cpu)?)?;
+        bumped[i] = base[i] - h;
+        let minus = objective(&Tensor::from_vec(bumped, shape, &Device::Cpu)?)?;
+        let numeric = (plus - minus) / (2.0 * h);
+        worst = worst.max((numeric - analytic[i]).abs() / (1.0 + numeric.abs()));
+    }
+    Ok(worst)
+}
+
+fn objective_tensor(
+    f: &impl Fn(&Tensor) -> Result<Tensor>,
+    x: &Tensor,
+    w: &Tensor,
+) -> Result<Tensor> {
+    (f(x)? * w)?.sum_all()
+}
+
+/// Autograd gradient of sum(w ⊙ f(x)) with respect to x.
+fn autograd(f: impl Fn(&Tensor) -> Result<Tensor>, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let x = Var::from_tensor(x)?;
+    let grads = (f(x.as_tensor())? * w)?.sum_all()?.backward()?;
+    Ok(grads.get(x.as_tensor()).expect("x has a gradient").clone())
+}
+
+#[test]
+fn the_fused_causal_softmax_matches_the_primitive_ops_in_f32_and_f64() -> Result<()> {
+    // (2, 3, 5, 5) runs on one thread; (64, 64, 64) is split across threads.
+    for shape in [&[2, 3, 5, 5][..], &[64, 64, 64][..]] {
+        for (dtype, tol) in [(DType::F32, 1e-6), (DType::F64, 1e-14)] {
+            let x = values(shape, dtype, 0.3)?;
+            let fused = causal_softmax(&x, 0.35)?;
+            let reference = reference_causal_softmax(&x, 0.35)?;
+            let diff = max_abs_diff(&fused, &reference)?;
+            assert!(diff < tol, "{shape:?} {dtype:?}: max diff {diff}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_fused_causal_softmax_gradient_matches_finite_differences() -> Result<()> {
+    let worst = check_gradient(|x| causal_softmax(x, 0.35), &[2, 3, 5, 5])?;
+    assert!(worst < 1e-7, "worst relative error {worst}");
+    Ok(())
+}
+
+#[test]
+fn the_fused_causal_softmax_gradient_matches_autograd_on_a_threaded_size() -> Result<()> {
+    let shape = [64, 64, 64];
+    let x = values(&shape, DType::F32, 0.3)?;
+    let w = values(&shape, DType::F32, 1.7)?;
+    let fused = autograd(|x| causal_softmax(x, 0.35), &x, &w)?;
+    let reference = autograd(|x| reference_causal_softmax(x, 0.35), &x, &w)?;
+    let diff = max_abs_diff(&fused, &reference)?;
+    assert!(diff < 1e-5, "max diff {diff}");
+    // Masked (future) positions get no gradient.
+    let above: f64 = fused
+        .get(0)?
+        .get(0)?
+        .narrow(0, 1, 63)?
+        .abs()?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar()?;
+    assert_eq!(above, 0.0);
+    Ok(())
+}
+
+#[test]
+fn the_fused_gelu_matches_candle_gelu_in_f32_and_f64() -> Result<()> {
+    for shape in [&[3, 7][..], &[256, 512][..]] {
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
+            let x = values(shape, dtype, 0.3)?.affine(2.0, 0.0)?;
+            let diff = max_abs_diff(&gelu_tanh(&x)?, &x.gelu()?)?;
+            assert!(diff < tol, "{shape:?} {dtype:?}: max diff {diff}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_fused_gelu_gradient_matches_finite_differences() -> Result<()> {
+    let worst = check_gradient(gelu_tanh, &[4, 9])?;
+    assert!(worst < 1e-7, "worst relative error {worst}");
+    Ok(())
+}
+
+#[test]
+fn the_fused_gelu_gradient_matches_autograd_on_a_threaded_size() -> Result<()> {
+    let shape = [256, 512];
+    let x = values(&shape, DType::F32, 0.3)?.affine(2.0, 0.0)?;
+    let w = values(&shape, DType::F32, 1.7)?;
+    let fused = autograd(gelu_tanh, &x, &w)?;
+    let reference = autograd(|x| x.gelu(), &x, &w)?;
+    // candle's backward uses 6-digit constants, so agreement is to about 1e-5.
+    let diff = max_abs_diff(&fused, &reference)?;
+    assert!(diff < 1e-4, "max diff {diff}");
+    Ok(())
+}
