@@ -24,24 +24,17 @@ pub fn use_fused(x: &Tensor) -> bool {
 /// The float types the kernels support.
 trait Real: WithDType {
     fn exp(self) -> Self;
-    fn tanh(self) -> Self;
 }
 
 impl Real for f32 {
     fn exp(self) -> Self {
         f32::exp(self)
     }
-    fn tanh(self) -> Self {
-        f32::tanh(self)
-    }
 }
 
 impl Real for f64 {
     fn exp(self) -> Self {
         f64::exp(self)
-    }
-    fn tanh(self) -> Self {
-        f64::tanh(self)
     }
 }
 
@@ -231,17 +224,18 @@ const GELU_C: f64 = 0.044_715;
 pub struct GeluTanh;
 
 fn gelu_rows<T: Real>(x: &[T]) -> Vec<T> {
-    let (k, c, half) = (
+    let (k, c, two) = (
         T::from_f64(SQRT_2_OVER_PI),
         T::from_f64(GELU_C),
-        T::from_f64(0.5),
+        T::from_f64(2.0),
     );
     let mut out = vec![T::zero(); x.len()];
     let cols = 1024.min(x.len().max(1));
     for_each_row(&mut out, cols, |r, y| {
         let xr = &x[r * cols..r * cols + y.len()];
         for (yi, &v) in y.iter_mut().zip(xr) {
-            *yi = half * v * (T::one() + (k * (v + c * v * v * v)).tanh());
+            // 0.5·(1 + tanh(u)) = sigmoid(2u): one exp instead of libm's slower tanh.
+            *yi = v / (T::one() + (T::zero() - two * k * (v + c * v * v * v)).exp());
         }
     });
     out
@@ -272,10 +266,10 @@ impl CustomOp1 for GeluTanh {
 struct GeluBackward;
 
 fn gelu_backward_rows<T: Real>(x: &[T], g: &[T]) -> Vec<T> {
-    let (k, c, half) = (
+    let (k, c, two) = (
         T::from_f64(SQRT_2_OVER_PI),
         T::from_f64(GELU_C),
-        T::from_f64(0.5),
+        T::from_f64(2.0),
     );
     let three = T::from_f64(3.0);
     let mut out = vec![T::zero(); x.len()];
@@ -285,9 +279,10 @@ fn gelu_backward_rows<T: Real>(x: &[T], g: &[T]) -> Vec<T> {
         let xr = &x[start..start + dx.len()];
         let gr = &g[start..start + dx.len()];
         for ((d, &v), &gv) in dx.iter_mut().zip(xr).zip(gr) {
-            let th = (k * (v + c * v * v * v)).tanh();
-            let dinner = k * (T::one() + three * c * v * v);
-            let grad = half * (T::one() + th) + half * v * (T::one() - th * th) * dinner;
+            // gelu(x) = x·s, s = sigmoid(2u), u = k(x + c x³): ds/dx = 2 s (1 − s) du/dx.
+            let s = T::one() / (T::one() + (T::zero() - two * k * (v + c * v * v * v)).exp());
+            let du = k * (T::one() + three * c * v * v);
+            let grad = s + v * two * s * (T::one() - s) * du;
             *d = gv * grad;
         }
     });
@@ -335,4 +330,104 @@ pub fn causal_softmax(scores: &Tensor, scale: f64) -> Result<Tensor> {
 /// tanh-GELU; fused on CPU.
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(GeluTanh)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias add.
+
+/// (N, C) + (C,). candle's broadcast add is fine forward, but its backward reduces the
+/// (N, C) gradient over N with a strided fold; here the bias gradient is summed row by row.
+#[derive(Debug, Clone, Copy)]
+struct AddBias;
+
+fn add_bias_rows<T: Real>(x: &[T], b: &[T]) -> Vec<T> {
+    let mut out = x.to_vec();
+    for row in out.chunks_mut(b.len()) {
+        for (o, &bv) in row.iter_mut().zip(b) {
+            *o += bv;
+        }
+    }
+    out
+}
+
+impl CustomOp2 for AddBias {
+    fn name(&self) -> &'static str {
+        "add-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, c) = l1.shape().dims2()?;
+        if l2.dims() != [c] {
+            bail!(
+                "add-bias: bias {:?} does not match {:?}",
+                l2.dims(),
+                l1.dims()
+            );
+        }
+        let n = self.name();
+        let out = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(b)) => {
+                CpuStorage::F32(add_bias_rows(slice(x, l1, n)?, slice(b, l2, n)?))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(b)) => {
+                CpuStorage::F64(add_bias_rows(slice(x, l1, n)?, slice(b, l2, n)?))
+            }
+            _ => bail!("add-bias: f32 or f64 only, same dtype"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad_res.contiguous()?; // (N, C)
+        let grad_b = g.apply_op1_no_bwd(&SumRows)?; // (C,)
+        Ok((Some(g), Some(grad_b)))
+    }
+}
+
+/// (N, C) → (C,): the sum over rows, accumulated one contiguous row at a time.
+#[derive(Debug, Clone, Copy)]
+struct SumRows;
+
+fn sum_rows<T: Real>(g: &[T], c: usize) -> Vec<T> {
+    let mut acc = vec![T::zero(); c];
+    for row in g.chunks(c) {
+        for (a, &v) in acc.iter_mut().zip(row) {
+            *a += v;
+        }
+    }
+    acc
+}
+
+impl CustomOp1 for SumRows {
+    fn name(&self) -> &'static str {
+        "sum-rows"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (_, c) = layout.shape().dims2()?;
+        let n = self.name();
+        let out = match storage {
+            CpuStorage::F32(v) => CpuStorage::F32(sum_rows(slice(v, layout, n)?, c)),
+            CpuStorage::F64(v) => CpuStorage::F64(sum_rows(slice(v, layout, n)?, c)),
+            _ => bail!("sum-rows: f32 or f64 only"),
+        };
+        Ok((out, Shape::from(c)))
+    }
+}
+
+/// x (N, C) + bias (C,); fused backward on CPU.
+pub fn add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    x.contiguous()?.apply_op2(&bias.contiguous()?, AddBias)
 }
