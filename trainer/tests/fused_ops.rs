@@ -2,7 +2,8 @@
 //! finite differences, on small tensors (one thread) and on big ones (split across threads).
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
-use trainer::model::fused::{causal_softmax, gelu_tanh};
+use trainer::model::fused::{add_bias, causal_softmax, gelu_tanh};
+use trainer::model::fused_norm::layer_norm;
 
 /// Deterministic, non-trivial values in roughly [-2, 2].
 fn values(shape: &[usize], dtype: DType, phase: f64) -> Result<Tensor> {
@@ -43,7 +44,8 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
 /// Central finite differences of sum(w ⊙ f(x)) for every entry of x, against autograd.
 fn check_gradient(f: impl Fn(&Tensor) -> Result<Tensor>, shape: &[usize]) -> Result<f64> {
     let x = Var::from_tensor(&values(shape, DType::F64, 0.3)?)?;
-    let w = values(shape, DType::F64, 1.7)?;
+    // Weights on the output, which may be bigger than x (a bias or norm gain).
+    let w = values(f(x.as_tensor())?.dims(), DType::F64, 1.7)?;
     let objective = |x: &Tensor| -> Result<f64> { (f(x)? * &w)?.sum_all()?.to_scalar() };
     let grads = objective_tensor(&f, x.as_tensor(), &w)?.backward()?;
     let analytic: Vec<f64> = grads
@@ -154,5 +156,61 @@ fn the_fused_gelu_gradient_matches_autograd_on_a_threaded_size() -> Result<()> {
     // candle's backward uses 6-digit constants, so agreement is to about 1e-5.
     let diff = max_abs_diff(&fused, &reference)?;
     assert!(diff < 1e-4, "max diff {diff}");
+    Ok(())
+}
+
+/// LayerNorm from primitive ops, as the model computes it off-CPU.
+fn reference_layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    xc.broadcast_div(&(var + eps)?.sqrt()?)?
+        .broadcast_mul(w)?
+        .broadcast_add(b)
+}
+
+#[test]
+fn the_fused_layer_norm_matches_the_primitive_ops_in_f32_and_f64() -> Result<()> {
+    for shape in [&[2, 3, 6][..], &[16, 128, 128][..]] {
+        let c = shape[shape.len() - 1];
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
+            let x = values(shape, dtype, 0.3)?;
+            let w = values(&[c], dtype, 0.9)?;
+            let b = values(&[c], dtype, 2.2)?;
+            let fused = layer_norm(&x, &w, &b, 1e-5)?;
+            let reference = reference_layer_norm(&x, &w, &b, 1e-5)?;
+            let diff = max_abs_diff(&fused, &reference)?;
+            assert!(diff < tol, "{shape:?} {dtype:?}: max diff {diff}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_fused_layer_norm_gradients_match_finite_differences() -> Result<()> {
+    // Each of x, weight and bias in turn is the variable; the other two are fixed.
+    let (x, w, b) = (
+        values(&[2, 3, 6], DType::F64, 0.3)?,
+        values(&[6], DType::F64, 0.9)?,
+        values(&[6], DType::F64, 2.2)?,
+    );
+    let worst_x = check_gradient(|x| layer_norm(x, &w, &b, 1e-5), &[2, 3, 6])?;
+    let worst_w = check_gradient(|w| layer_norm(&x, w, &b, 1e-5), &[6])?;
+    let worst_b = check_gradient(|b| layer_norm(&x, &w, b, 1e-5), &[6])?;
+    for (name, worst) in [("x", worst_x), ("weight", worst_w), ("bias", worst_b)] {
+        assert!(worst < 1e-6, "{name}: worst relative error {worst}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_fused_bias_add_gradients_match_finite_differences() -> Result<()> {
+    let x = values(&[5, 4], DType::F64, 0.3)?;
+    let b = values(&[4], DType::F64, 2.2)?;
+    let worst_x = check_gradient(|x| add_bias(x, &b), &[5, 4])?;
+    let worst_b = check_gradient(|b| add_bias(&x, b), &[4])?;
+    assert!(worst_x < 1e-7 && worst_b < 1e-7, "{worst_x} {worst_b}");
+    let diff = max_abs_diff(&add_bias(&x, &b)?, &x.broadcast_add(&b)?)?;
+    assert_eq!(diff, 0.0);
     Ok(())
 }

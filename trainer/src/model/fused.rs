@@ -22,7 +22,7 @@ pub fn use_fused(x: &Tensor) -> bool {
 }
 
 /// The float types the kernels support.
-trait Real: WithDType {
+pub(crate) trait Real: WithDType {
     fn exp(self) -> Self;
 }
 
@@ -39,7 +39,7 @@ impl Real for f64 {
 }
 
 /// The contiguous data of a CPU tensor argument.
-fn slice<'a, T>(data: &'a [T], layout: &Layout, op: &str) -> Result<&'a [T]> {
+pub(crate) fn slice<'a, T>(data: &'a [T], layout: &Layout, op: &str) -> Result<&'a [T]> {
     match layout.contiguous_offsets() {
         Some((start, end)) => Ok(&data[start..end]),
         None => bail!("{op}: input must be contiguous"),
@@ -48,7 +48,7 @@ fn slice<'a, T>(data: &'a [T], layout: &Layout, op: &str) -> Result<&'a [T]> {
 
 /// Fills `out` row by row (`cols` values each) with `f(row_index, row)`, on candle's thread
 /// pool when the tensor is big enough.
-fn for_each_row<T: Send, F>(out: &mut [T], cols: usize, f: F)
+pub(crate) fn for_each_row<T: Send, F>(out: &mut [T], cols: usize, f: F)
 where
     F: Fn(usize, &mut [T]) + Sync,
 {

@@ -5,6 +5,7 @@
 mod attention;
 mod embedding;
 pub mod fused;
+pub mod fused_norm;
 mod gpt;
 mod init;
 mod linear;
