@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use trainer::model::fused::{add_bias, causal_softmax, gelu_tanh};
+use trainer::model::fused_loss::cross_entropy_mean;
 use trainer::model::fused_norm::layer_norm;
 
 /// Deterministic, non-trivial values in roughly [-2, 2].
@@ -212,5 +213,42 @@ fn the_fused_bias_add_gradients_match_finite_differences() -> Result<()> {
     assert!(worst_x < 1e-7 && worst_b < 1e-7, "{worst_x} {worst_b}");
     let diff = max_abs_diff(&add_bias(&x, &b)?, &x.broadcast_add(&b)?)?;
     assert_eq!(diff, 0.0);
+    Ok(())
+}
+
+/// Mean cross-entropy from primitive ops.
+fn reference_cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let logp = candle_nn::ops::log_softmax(logits, D::Minus1)?; // (N, V)
+    let picked = logp.gather(&targets.unsqueeze(1)?, 1)?; // (N, 1)
+    picked.neg()?.mean_all()
+}
+
+#[test]
+fn the_fused_cross_entropy_matches_the_primitive_ops_and_finite_differences() -> Result<()> {
+    let targets = Tensor::new(&[3u32, 0, 6, 6, 1], &Device::Cpu)?;
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
+        let x = values(&[5, 7], dtype, 0.3)?;
+        let fused: f64 = cross_entropy_mean(&x, &targets)?
+            .to_dtype(DType::F64)?
+            .to_scalar()?;
+        let reference: f64 = reference_cross_entropy(&x, &targets)?
+            .to_dtype(DType::F64)?
+            .to_scalar()?;
+        assert!(
+            (fused - reference).abs() < tol,
+            "{dtype:?}: {fused} vs {reference}"
+        );
+    }
+    let worst = check_gradient(|x| cross_entropy_mean(x, &targets), &[5, 7])?;
+    assert!(worst < 1e-7, "worst relative error {worst}");
+    Ok(())
+}
+
+#[test]
+fn the_fused_cross_entropy_refuses_a_target_outside_the_vocabulary() -> Result<()> {
+    let x = values(&[2, 4], DType::F32, 0.3)?;
+    let targets = Tensor::new(&[1u32, 4], &Device::Cpu)?;
+    let err = cross_entropy_mean(&x, &targets).unwrap_err().to_string();
+    assert!(err.contains("target 4 out of range"), "{err}");
     Ok(())
 }
