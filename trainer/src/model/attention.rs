@@ -3,7 +3,7 @@
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
-use super::{maybe_dropout, DropoutRng, Linear};
+use super::{fused, maybe_dropout, DropoutRng, Linear};
 use crate::config::{ModelConfig, PositionKind};
 
 #[derive(Debug, Clone)]
@@ -94,11 +94,17 @@ impl CausalSelfAttention {
         let q = qkv.get(0)?.reshape((b * h, t, hd))?; // (BH, T, hd)
         let k = qkv.get(1)?.reshape((b * h, t, hd))?;
         let v = qkv.get(2)?.reshape((b * h, t, hd))?;
-        let q = (self.apply_rope(&q, t)? * (1.0 / (hd as f64).sqrt()))?;
+        let q = self.apply_rope(&q, t)?;
         let k = self.apply_rope(&k, t)?;
-        let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?; // (T, T)
-        let att = super::autocast::matmul(&q, &k.t()?)?.broadcast_add(&mask)?; // (BH, T, T)
-        let att = candle_nn::ops::softmax(&att, D::Minus1)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = super::autocast::matmul(&q, &k.t()?)?; // (BH, T, T)
+        let att = if fused::use_fused(&scores) {
+            // One pass for scale + mask + softmax, and one for its backward.
+            fused::causal_softmax(&scores, scale)?
+        } else {
+            let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?; // (T, T)
+            candle_nn::ops::softmax(&(scores * scale)?.broadcast_add(&mask)?, D::Minus1)?
+        }; // (BH, T, T)
         let att = maybe_dropout(&att, self.dropout, rng)?;
         let y = super::autocast::matmul(&att, &v)?; // (BH, T, hd)
         let y = y

@@ -4,6 +4,8 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
+use super::fused;
+
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// (out, in), PyTorch layout.
@@ -44,6 +46,7 @@ impl Module for Linear {
         let x2 = x.reshape(((), in_dim[0]))?; // (N, in)
         let y = super::autocast::matmul(&x2, &self.weight.t()?)?; // (N, out)
         let y = match &self.bias {
+            Some(b) if fused::use_fused(&y) => fused::add_bias(&y, b)?,
             Some(b) => y.broadcast_add(b)?,
             None => y,
         };

@@ -3,7 +3,7 @@
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
-use super::Linear;
+use super::{fused, Linear};
 use crate::config::Activation;
 
 #[derive(Debug, Clone)]
@@ -42,7 +42,9 @@ impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.c_fc.forward(x)?; // (.., d_ff or 2·d_ff)
         let h = match self.activation {
-            Activation::Gelu => h.gelu()?, // tanh approximation, as GPT-2
+            // tanh approximation, as GPT-2; fused forward and backward on CPU.
+            Activation::Gelu if fused::use_fused(&h) => fused::gelu_tanh(&h)?,
+            Activation::Gelu => h.gelu()?,
             Activation::Swiglu => {
                 let gate = h.narrow(D::Minus1, 0, self.d_ff)?;
                 let up = h.narrow(D::Minus1, self.d_ff, self.d_ff)?;

@@ -5,6 +5,9 @@
 mod attention;
 pub mod autocast;
 mod embedding;
+pub mod fused;
+pub mod fused_loss;
+pub mod fused_norm;
 mod gpt;
 mod init;
 mod linear;
@@ -101,6 +104,10 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         _ => logits.to_dtype(DType::F32)?,
     };
     let logits = logits.reshape(((), v))?; // (N, V)
+    if fused::use_fused(&logits) && targets.dtype() == DType::U32 {
+        // One pass each way over the logits.
+        return fused_loss::cross_entropy_mean(&logits, &targets.flatten_all()?);
+    }
     let targets = targets.flatten_all()?.unsqueeze(1)?; // (N, 1)
     let max = logits.max_keepdim(1)?.detach(); // (N, 1)
     let z = logits.broadcast_sub(&max)?; // (N, V)

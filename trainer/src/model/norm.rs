@@ -3,6 +3,7 @@
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
+use super::{fused, fused_norm};
 use crate::config::NormKind;
 
 #[derive(Debug, Clone)]
@@ -34,6 +35,12 @@ impl Norm {
 
 impl Module for Norm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let (NormKind::LayerNorm, Some(bias)) = (self.kind, &self.bias) {
+            if fused::use_fused(x) {
+                // One pass each way instead of ~9 ops forward and ~25 backward.
+                return fused_norm::layer_norm(x, &self.weight, bias, self.eps);
+            }
+        }
         let in_dtype = x.dtype();
         // Statistics in f32 at least, whatever the activations' dtype.
         let x = match in_dtype {
