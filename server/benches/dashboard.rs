@@ -5,7 +5,7 @@
 //! Run: `cargo bench -p trainyard --bench dashboard` (needs Debian's chromium + chromium-driver).
 
 #[allow(dead_code)]
-#[path = "../tests/browser/support.rs"]
+#[path = "../../tests/browser/support.rs"]
 mod support;
 
 use serde_json::json;

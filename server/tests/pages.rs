@@ -2,7 +2,7 @@
 //! checkpoint downloads and rendered charts.
 
 #[allow(dead_code)]
-#[path = "browser/support.rs"]
+#[path = "../../tests/browser/support.rs"]
 mod support;
 
 use serde_json::json;
