@@ -83,8 +83,7 @@ pub async fn expert_utilization(
             }
         },
     };
-    state.store.get_run(&id).await?;
-    let keys = state.store.metric_keys(&id).await?;
+    let keys = state.store.metric_keys(&id).await?; // NotFound for a missing run
     let mut experts_per_layer: BTreeMap<u32, u32> = BTreeMap::new();
     for k in &keys {
         if let Some((layer, expert)) = expert_key(&k.key) {

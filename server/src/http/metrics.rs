@@ -128,8 +128,7 @@ pub async fn read_series(
             ));
         }
     }
-    // A missing run is a 404, not an empty series.
-    state.store.get_run(&id).await?;
+    // The store answers a missing run with NotFound (a 404), not an empty series.
     let series = state
         .store
         .read_series(&id, key, start, end, max_points)
@@ -146,7 +145,6 @@ pub async fn metric_keys(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<MetricKeyList>, ApiError> {
-    state.store.get_run(&id).await?;
-    let keys = state.store.metric_keys(&id).await?;
+    let keys = state.store.metric_keys(&id).await?; // NotFound for a missing run
     Ok(Json(MetricKeyList { keys }))
 }

@@ -396,6 +396,17 @@ fn push_keyset(q: &RunQuery, c: &Cursor, op: &str, out: &mut dyn SqlSink) -> Sto
 }
 
 /// The cursor pointing after `last` (the last run of a full page).
+/// Cuts a search fetched with `limit + 1` rows back to `limit` and, when a row was left over,
+/// returns the cursor of the page's last run.
+pub fn finish_page(q: &RunQuery, runs: &mut Vec<RunRow>, sorts: &[SortValues]) -> Option<String> {
+    let limit = q.limit.clamp(1, 1000);
+    if runs.len() <= limit {
+        return None;
+    }
+    runs.truncate(limit);
+    Some(next_cursor(q, &runs[limit - 1].id, &sorts[limit - 1]))
+}
+
 pub fn next_cursor(q: &RunQuery, last_id: &str, v: &SortValues) -> String {
     encode_cursor(&Cursor {
         s: sort_label(q),

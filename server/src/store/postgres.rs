@@ -439,17 +439,7 @@ impl Store for PgStore {
                 t: if t { row.try_get(next())? } else { None },
             });
         }
-        let limit = query.limit.clamp(1, 1000);
-        let next_cursor = if runs.len() > limit {
-            runs.truncate(limit);
-            Some(common::next_cursor(
-                query,
-                &runs[limit - 1].id,
-                &sorts[limit - 1],
-            ))
-        } else {
-            None
-        };
+        let next_cursor = common::finish_page(query, &mut runs, &sorts);
         Ok(RunPage {
             runs: self.load_runs(runs).await?,
             next_cursor,
