@@ -127,7 +127,7 @@ pub struct Series {
     pub points: Vec<SeriesPoint>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema, sqlx::FromRow)]
 pub struct MetricKey {
     pub key: String,
     pub count: i64,

@@ -211,23 +211,13 @@ impl PgStore {
 
     pub(super) async fn keys_of(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
         self.run_exists(run_id).await?;
-        let rows = sqlx::query(
+        Ok(sqlx::query_as::<_, MetricKey>(
             "SELECT key, count, last_step, last_value FROM metric_series \
              WHERE run_id = $1 AND count > 0 ORDER BY key",
         )
         .bind(run_id)
         .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(MetricKey {
-                    key: r.try_get(0)?,
-                    count: r.try_get(1)?,
-                    last_step: r.try_get(2)?,
-                    last_value: r.try_get(3)?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     pub(super) async fn series_of(
