@@ -145,9 +145,9 @@ async fn supervise_attempts(
         if let Some(a) = inner.state().active.get_mut(run_id) {
             a.pgid = None;
         }
-        if !outcome.success() {
-            backfill_metrics(inner, run_id, &dir).await;
-        }
+        // Before the terminal status is recorded, so a watcher that sees `finished` finds every
+        // step the trainer wrote, however its last HTTP batch fared.
+        backfill_metrics(inner, run_id, &dir).await;
         let tail = super::logs::read_tail(&dir.join(process::LOG_FILE), TAIL_LINES)
             .map(|s| s.text)
             .unwrap_or_default();
@@ -381,9 +381,10 @@ pub(crate) fn terminate(inner: &Arc<Inner>, run_id: &str, pgid: i32, start_time:
 }
 
 /// A trainer killed between writing a step to `metrics.jsonl` and sending it to the server
-/// leaves a gap (its replacement resumes after the checkpoint). The file has every step, so
-/// after an attempt that did not end cleanly its points are sent again; writes are idempotent
-/// on (run, key, step), so what the server already has is untouched.
+/// leaves a gap (its replacement resumes after the checkpoint), and a trainer that exits while
+/// its last batch is in flight can leave the tail unsent. The file has every step, so after
+/// every attempt its points are sent again; writes are idempotent on (run, key, step), so what
+/// the server already has is untouched.
 async fn backfill_metrics(inner: &Inner, run_id: &str, dir: &Path) {
     let path = dir.join(METRICS_FILE);
     let lines = tokio::task::spawn_blocking(move || {

@@ -57,6 +57,11 @@ impl Sampler {
         };
         let rss: u64 = members.iter().map(|m| m.rss_pages).sum();
         let ticks: u64 = members.iter().map(|m| m.cpu_ticks).sum();
+        if rss == 0 {
+            // Only exited, not yet reaped processes (zombies hold no memory): nothing to measure,
+            // and a 0 would read as the run's last memory use.
+            return Vec::new();
+        }
         let mut points = vec![point(
             "sys/rss_mb".into(),
             rss as f64 * self.page_bytes / (1024.0 * 1024.0),
