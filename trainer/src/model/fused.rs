@@ -21,27 +21,74 @@ pub fn use_fused(x: &Tensor) -> bool {
     x.device().is_cpu() && matches!(x.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
 }
 
-/// The float types the kernels support.
+/// The float types the kernels support. f32 runs the vectorised kernels of `simd`; f64 (used
+/// by the finite-difference gradient checks) keeps plain scalar code with libm.
 pub(crate) trait Real: WithDType {
     fn exp(self) -> Self;
-    fn tanh(self) -> Self;
+    /// xs ← e^xs.
+    fn exp_slice(xs: &mut [Self]);
+    /// Σ xs.
+    fn sum_slice(xs: &[Self]) -> Self;
+    /// Σ a⊙b.
+    fn dot_slice(a: &[Self], b: &[Self]) -> Self;
+    /// y ← tanh-GELU(x).
+    fn gelu_slice(x: &[Self], y: &mut [Self]);
+    /// dx ← g · gelu'(x).
+    fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]);
 }
 
 impl Real for f32 {
     fn exp(self) -> Self {
-        f32::exp(self)
+        super::simd::exp(self)
     }
-    fn tanh(self) -> Self {
-        f32::tanh(self)
+    fn exp_slice(xs: &mut [Self]) {
+        super::simd::exp_inplace(xs)
+    }
+    fn sum_slice(xs: &[Self]) -> Self {
+        super::simd::sum(xs)
+    }
+    fn dot_slice(a: &[Self], b: &[Self]) -> Self {
+        super::simd::dot(a, b)
+    }
+    fn gelu_slice(x: &[Self], y: &mut [Self]) {
+        super::simd::gelu(x, y)
+    }
+    fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]) {
+        super::simd::gelu_backward(x, g, dx)
     }
 }
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const GELU_C: f64 = 0.044_715;
 
 impl Real for f64 {
     fn exp(self) -> Self {
         f64::exp(self)
     }
-    fn tanh(self) -> Self {
-        f64::tanh(self)
+    fn exp_slice(xs: &mut [Self]) {
+        for v in xs {
+            *v = v.exp();
+        }
+    }
+    fn sum_slice(xs: &[Self]) -> Self {
+        xs.iter().sum()
+    }
+    fn dot_slice(a: &[Self], b: &[Self]) -> Self {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+    fn gelu_slice(x: &[Self], y: &mut [Self]) {
+        for (yi, &v) in y.iter_mut().zip(x) {
+            *yi = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + GELU_C * v * v * v)).tanh());
+        }
+    }
+    fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]) {
+        for ((d, &v), &gv) in dx.iter_mut().zip(x).zip(g) {
+            // gelu(x) = x·s with s = 0.5·(1 + tanh(u)) = sigmoid(2u), u = k(x + c x³), so
+            // ds/dx = 2 s (1 − s) du/dx.
+            let s = 1.0 / (1.0 + (-2.0 * SQRT_2_OVER_PI * (v + GELU_C * v * v * v)).exp());
+            let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * v * v);
+            *d = gv * (s + v * 2.0 * s * (1.0 - s) * du);
+        }
     }
 }
 
@@ -108,12 +155,11 @@ fn causal_softmax_rows<T: Real>(x: &[T], t: usize, scale: f64) -> Vec<T> {
                 max = v * scale;
             }
         }
-        let mut sum = T::zero();
         for (yi, &v) in y[..keep].iter_mut().zip(xr) {
-            *yi = (v * scale - max).exp();
-            sum += *yi;
+            *yi = v * scale - max;
         }
-        let inv = T::one() / sum;
+        T::exp_slice(&mut y[..keep]);
+        let inv = T::one() / T::sum_slice(&y[..keep]);
         for yi in &mut y[..keep] {
             *yi *= inv;
         }
@@ -169,10 +215,7 @@ fn softmax_backward_rows<T: Real>(y: &[T], g: &[T], cols: usize, scale: f64) -> 
     for_each_row(&mut out, cols, |r, dx| {
         let yr = &y[r * cols..(r + 1) * cols];
         let gr = &g[r * cols..(r + 1) * cols];
-        let mut dot = T::zero();
-        for (&a, &b) in yr.iter().zip(gr) {
-            dot += a * b;
-        }
+        let dot = T::dot_slice(yr, gr);
         for ((d, &a), &b) in dx.iter_mut().zip(yr).zip(gr) {
             *d = scale * a * (b - dot);
         }
@@ -223,27 +266,15 @@ impl CustomOp2 for SoftmaxBackward {
 // ---------------------------------------------------------------------------------------------
 // GELU, tanh approximation (GPT-2).
 
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const GELU_C: f64 = 0.044_715;
-
 /// 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³))).
 #[derive(Debug, Clone, Copy)]
 pub struct GeluTanh;
 
 fn gelu_rows<T: Real>(x: &[T]) -> Vec<T> {
-    let (k, c, half) = (
-        T::from_f64(SQRT_2_OVER_PI),
-        T::from_f64(GELU_C),
-        T::from_f64(0.5),
-    );
     let mut out = vec![T::zero(); x.len()];
     let cols = 1024.min(x.len().max(1));
     for_each_row(&mut out, cols, |r, y| {
-        let xr = &x[r * cols..r * cols + y.len()];
-        for (yi, &v) in y.iter_mut().zip(xr) {
-            // candle's formula and operation order, so the forward values are unchanged.
-            *yi = half * v * (T::one() + (k * v * (T::one() + c * v * v)).tanh());
-        }
+        T::gelu_slice(&x[r * cols..r * cols + y.len()], y);
     });
     out
 }
@@ -273,27 +304,11 @@ impl CustomOp1 for GeluTanh {
 struct GeluBackward;
 
 fn gelu_backward_rows<T: Real>(x: &[T], g: &[T]) -> Vec<T> {
-    let (k, c, two) = (
-        T::from_f64(SQRT_2_OVER_PI),
-        T::from_f64(GELU_C),
-        T::from_f64(2.0),
-    );
-    let three = T::from_f64(3.0);
     let mut out = vec![T::zero(); x.len()];
     let cols = 1024.min(x.len().max(1));
     for_each_row(&mut out, cols, |r, dx| {
         let start = r * cols;
-        let xr = &x[start..start + dx.len()];
-        let gr = &g[start..start + dx.len()];
-        for ((d, &v), &gv) in dx.iter_mut().zip(xr).zip(gr) {
-            // gelu(x) = x·s with s = 0.5·(1 + tanh(u)) = sigmoid(2u), u = k(x + c x³), so
-            // ds/dx = 2 s (1 − s) du/dx: one exp instead of libm's slower tanh. Exact, unlike
-            // candle's backward, which uses 6-digit constants.
-            let s = T::one() / (T::one() + (T::zero() - two * k * (v + c * v * v * v)).exp());
-            let du = k * (T::one() + three * c * v * v);
-            let grad = s + v * two * s * (T::one() - s) * du;
-            *d = gv * grad;
-        }
+        T::gelu_backward_slice(&x[start..start + dx.len()], &g[start..start + dx.len()], dx);
     });
     out
 }

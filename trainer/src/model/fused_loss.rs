@@ -10,18 +10,19 @@ use super::fused::{slice, Real};
 #[derive(Debug, Clone, Copy)]
 struct CrossEntropyRows;
 
-/// Row max and log Σ exp(x − max).
-fn max_and_lse<T: Real>(row: &[T]) -> (T, T) {
+/// Row max and log Σ exp(x − max); `scratch` (the row's length) ends holding exp(x − max).
+fn max_and_lse<T: Real>(row: &[T], scratch: &mut [T]) -> (T, T) {
     let mut max = row[0];
     for &v in &row[1..] {
         if v > max {
             max = v;
         }
     }
-    let mut sum = T::zero();
-    for &v in row {
-        sum += (v - max).exp();
+    for (s, &v) in scratch.iter_mut().zip(row) {
+        *s = v - max;
     }
+    T::exp_slice(scratch);
+    let sum = T::sum_slice(scratch);
     (max, T::from_f64(sum.to_f64().ln()))
 }
 
@@ -34,11 +35,12 @@ fn check_target(t: u32, v: usize) -> Result<usize> {
 }
 
 fn ce_rows<T: Real>(x: &[T], targets: &[u32], v: usize) -> Result<Vec<T>> {
+    let mut scratch = vec![T::zero(); v];
     x.chunks(v)
         .zip(targets)
         .map(|(row, &t)| {
             let t = check_target(t, v)?;
-            let (max, lse) = max_and_lse(row);
+            let (max, lse) = max_and_lse(row, &mut scratch);
             Ok(lse - (row[t] - max))
         })
         .collect()
@@ -102,9 +104,11 @@ fn ce_backward_rows<T: Real>(x: &[T], targets: &[u32], g: &[T], v: usize) -> Res
         .zip(targets.iter().zip(g))
     {
         let t = check_target(t, v)?;
-        let (max, lse) = max_and_lse(row);
-        for (di, &xi) in d.iter_mut().zip(row) {
-            *di = gn * (xi - max - lse).exp();
+        // d holds exp(x − max) after this; softmax = that / e^lse.
+        let (_, lse) = max_and_lse(row, d);
+        let scale = gn / lse.exp();
+        for di in d.iter_mut() {
+            *di *= scale;
         }
         d[t] -= gn;
     }

@@ -14,6 +14,7 @@ mod linear;
 mod mlp;
 pub mod moe;
 mod norm;
+pub mod simd;
 
 use candle_core::{DType, Result, Tensor, D};
 use rand::Rng;
