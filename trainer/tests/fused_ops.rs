@@ -2,7 +2,11 @@
 //! finite differences, on small tensors (one thread) and on big ones (split across threads).
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
+use std::sync::Arc;
+
 use trainer::model::fused::{add_bias, causal_softmax, gelu_tanh};
+use trainer::model::fused_attention::{causal_attention, RopeTables};
+use trainer::model::fused_linear::linear;
 use trainer::model::fused_loss::cross_entropy_mean;
 use trainer::model::fused_norm::layer_norm;
 
@@ -250,5 +254,173 @@ fn the_fused_cross_entropy_refuses_a_target_outside_the_vocabulary() -> Result<(
     let targets = Tensor::new(&[1u32, 4], &Device::Cpu)?;
     let err = cross_entropy_mean(&x, &targets).unwrap_err().to_string();
     assert!(err.contains("target 4 out of range"), "{err}");
+    Ok(())
+}
+
+/// Causal attention of packed qkv (B, T, 3·D) from candle primitives, as the model computed it
+/// before the fused op (rotate-half RoPE from the same tables when given).
+fn reference_attention(qkv: &Tensor, h: usize, rope: Option<&RopeTables>) -> Result<Tensor> {
+    let (b, t, d3) = qkv.dims3()?;
+    let hd = d3 / 3 / h;
+    let qkv = qkv.reshape((b, t, 3, h, hd))?.permute((2, 0, 3, 1, 4))?;
+    let rotate = |x: Tensor| -> Result<Tensor> {
+        let Some(r) = rope else { return Ok(x) };
+        let cos = Tensor::from_vec(r.cos[..t * r.half].to_vec(), (t, r.half), x.device())?
+            .to_dtype(x.dtype())?;
+        let sin = Tensor::from_vec(r.sin[..t * r.half].to_vec(), (t, r.half), x.device())?
+            .to_dtype(x.dtype())?;
+        let x1 = x.narrow(D::Minus1, 0, r.half)?;
+        let x2 = x.narrow(D::Minus1, r.half, r.half)?;
+        let r1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
+        let r2 = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
+        Tensor::cat(&[r1, r2], D::Minus1)
+    };
+    let q = rotate(qkv.get(0)?.contiguous()?)?;
+    let k = rotate(qkv.get(1)?.contiguous()?)?;
+    let v = qkv.get(2)?.contiguous()?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let scores = q.matmul(&k.t()?.contiguous()?)?; // (B, H, T, T)
+    let att = reference_causal_softmax(&scores.reshape((b * h, t, t))?, scale)?;
+    let y = att.reshape((b, h, t, t))?.matmul(&v)?; // (B, H, T, hd)
+    y.transpose(1, 2)?.reshape((b, t, h * hd))
+}
+
+fn rope_tables(max_t: usize, hd: usize) -> Arc<RopeTables> {
+    let half = hd / 2;
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for pos in 0..max_t {
+        for i in 0..half {
+            let angle = pos as f64 * 10_000f64.powf(-2.0 * i as f64 / hd as f64);
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    Arc::new(RopeTables { cos, sin, half })
+}
+
+#[test]
+fn the_fused_attention_matches_the_primitive_ops_with_and_without_rope() -> Result<()> {
+    // (2, 5, 3·2·4) runs on one thread; (4, 64, 3·4·32) is split across threads.
+    for (b, t, h, hd) in [(2, 5, 2, 4), (4, 64, 4, 32)] {
+        for rope in [None, Some(rope_tables(t + 3, hd))] {
+            for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
+                let qkv = values(&[b, t, 3 * h * hd], dtype, 0.3)?;
+                let scale = 1.0 / (hd as f64).sqrt();
+                let fused = causal_attention(&qkv, h, scale, rope.clone())?;
+                let reference = reference_attention(&qkv, h, rope.as_deref())?;
+                let diff = max_abs_diff(&fused, &reference)?;
+                let label = (b, t, h, hd, rope.is_some(), dtype);
+                assert!(diff < tol, "{label:?}: forward max diff {diff}");
+
+                let w = values(&[b, t, h * hd], dtype, 1.7)?;
+                let g_fused = autograd(|x| causal_attention(x, h, scale, rope.clone()), &qkv, &w)?;
+                let g_ref = autograd(|x| reference_attention(x, h, rope.as_deref()), &qkv, &w)?;
+                let diff = max_abs_diff(&g_fused, &g_ref)?;
+                assert!(diff < 10.0 * tol, "{label:?}: gradient max diff {diff}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_fused_attention_gradient_matches_finite_differences() -> Result<()> {
+    let (h, hd) = (2, 4);
+    for rope in [None, Some(rope_tables(8, hd))] {
+        let scale = 1.0 / (hd as f64).sqrt();
+        let f = |x: &Tensor| causal_attention(x, h, scale, rope.clone());
+        let worst = check_gradient(f, &[2, 4, 3 * h * hd])?;
+        assert!(
+            worst < 1e-7,
+            "rope {}: worst relative error {worst}",
+            rope.is_some()
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_later_position_never_changes_an_earlier_output_of_the_fused_attention() -> Result<()> {
+    let (b, t, h, hd) = (1, 6, 2, 4);
+    let qkv = values(&[b, t, 3 * h * hd], DType::F64, 0.3)?;
+    let before = causal_attention(&qkv, h, 0.5, None)?;
+    // Change everything at the last position: outputs 0..T-1 must not move.
+    let last = (qkv.narrow(1, t - 1, 1)? + 3.0)?;
+    let changed = Tensor::cat(&[qkv.narrow(1, 0, t - 1)?, last], 1)?;
+    let after = causal_attention(&changed, h, 0.5, None)?;
+    let diff = max_abs_diff(&before.narrow(1, 0, t - 1)?, &after.narrow(1, 0, t - 1)?)?;
+    assert_eq!(diff, 0.0);
+    assert!(max_abs_diff(&before, &after)? > 1e-3);
+    Ok(())
+}
+
+#[test]
+fn the_fused_linear_matches_the_primitive_ops_with_and_without_bias() -> Result<()> {
+    // (3, 5) → 4 runs on one thread; (512, 128) → 384 is split across threads.
+    for (n, d_in, d_out) in [(3, 5, 4), (512, 128, 384)] {
+        for (dtype, tol) in [(DType::F32, 1e-4), (DType::F64, 1e-12)] {
+            let x = values(&[n, d_in], dtype, 0.3)?;
+            let w = values(&[d_out, d_in], dtype, 1.1)?;
+            let b = values(&[d_out], dtype, 2.3)?;
+            let reference = x.matmul(&w.t()?)?.broadcast_add(&b)?;
+            let diff = max_abs_diff(&linear(&x, &w, Some(&b))?, &reference)?;
+            assert!(
+                diff < tol,
+                "{n}x{d_in}x{d_out} {dtype:?}: with bias, max diff {diff}"
+            );
+            let diff = max_abs_diff(&linear(&x, &w, None)?, &x.matmul(&w.t()?)?)?;
+            assert!(
+                diff < tol,
+                "{n}x{d_in}x{d_out} {dtype:?}: no bias, max diff {diff}"
+            );
+
+            // Gradients of every input against autograd through the primitive ops.
+            let g = values(&[n, d_out], dtype, 0.7)?;
+            let (xv, wv, bv) = (
+                Var::from_tensor(&x)?,
+                Var::from_tensor(&w)?,
+                Var::from_tensor(&b)?,
+            );
+            let fused = (linear(xv.as_tensor(), wv.as_tensor(), Some(bv.as_tensor()))? * &g)?
+                .sum_all()?
+                .backward()?;
+            let prim = (xv
+                .as_tensor()
+                .matmul(&wv.as_tensor().t()?)?
+                .broadcast_add(bv.as_tensor())?
+                * &g)?
+                .sum_all()?
+                .backward()?;
+            for (name, var) in [("x", &xv), ("w", &wv), ("b", &bv)] {
+                let a = fused.get(var.as_tensor()).expect("fused gradient");
+                let r = prim.get(var.as_tensor()).expect("primitive gradient");
+                let diff = max_abs_diff(a, r)?;
+                assert!(
+                    diff < 20.0 * tol,
+                    "{n}x{d_in}x{d_out} {dtype:?}: d{name} max diff {diff}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_fused_linear_gradients_match_finite_differences() -> Result<()> {
+    let x = values(&[4, 3], DType::F64, 0.3)?;
+    let w = values(&[5, 3], DType::F64, 1.1)?;
+    let b = values(&[5], DType::F64, 2.3)?;
+    let wrt_x = check_gradient(|x| linear(x, &w, Some(&b)), &[4, 3])?;
+    let wrt_w = check_gradient(|w| linear(&x, w, Some(&b)), &[5, 3])?;
+    let wrt_b = check_gradient(|b| linear(&x, &w, Some(b)), &[5])?;
+    let wrt_w_no_bias = check_gradient(|w| linear(&x, w, None), &[5, 3])?;
+    for (name, worst) in [
+        ("x", wrt_x),
+        ("w", wrt_w),
+        ("b", wrt_b),
+        ("w, no bias", wrt_w_no_bias),
+    ] {
+        assert!(worst < 1e-7, "d{name}: worst relative error {worst}");
+    }
     Ok(())
 }

@@ -1,8 +1,11 @@
 //! Causal multi-head self-attention with learned or rotary positions.
 
+use std::sync::Arc;
+
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
+use super::fused_attention::{self, RopeTables};
 use super::{fused, maybe_dropout, DropoutRng, Linear};
 use crate::config::{ModelConfig, PositionKind};
 
@@ -17,6 +20,8 @@ pub struct CausalSelfAttention {
     mask: Tensor,
     /// (max_T, head_dim/2) each, for RoPE.
     rope: Option<(Tensor, Tensor)>,
+    /// The same tables for the fused CPU attention.
+    rope_tables: Option<Arc<RopeTables>>,
 }
 
 impl CausalSelfAttention {
@@ -50,10 +55,19 @@ impl CausalSelfAttention {
                         sin.push(angle.sin());
                     }
                 }
+                let tables = RopeTables {
+                    cos: cos.clone(),
+                    sin: sin.clone(),
+                    half,
+                };
                 let cos = Tensor::from_vec(cos, (t, half), vb.device())?.to_dtype(vb.dtype())?;
                 let sin = Tensor::from_vec(sin, (t, half), vb.device())?.to_dtype(vb.dtype())?;
-                Some((cos, sin))
+                Some(((cos, sin), Arc::new(tables)))
             }
+        };
+        let (rope, rope_tables) = match rope {
+            Some((tensors, tables)) => (Some(tensors), Some(tables)),
+            None => (None, None),
         };
         Ok(CausalSelfAttention {
             c_attn,
@@ -63,6 +77,7 @@ impl CausalSelfAttention {
             dropout: cfg.dropout,
             mask,
             rope,
+            rope_tables,
         })
     }
 
@@ -86,7 +101,13 @@ impl CausalSelfAttention {
         let (b, t, d) = x.dims3()?;
         let (h, hd) = (self.n_heads, self.head_dim);
         let qkv = self.c_attn.forward(x)?; // (B, T, 3D)
-                                           // One copy puts q, k, v head-major: (3, B, H, T, hd).
+        let scale = 1.0 / (hd as f64).sqrt();
+        // Dropout on the probabilities needs them as a tensor: the fused op serves the rest.
+        if fused::use_fused(&qkv) && (self.dropout == 0.0 || rng.is_none()) {
+            let y = fused_attention::causal_attention(&qkv, h, scale, self.rope_tables.clone())?; // (B, T, D)
+            return self.c_proj.forward(&y);
+        }
+        // One copy puts q, k, v head-major: (3, B, H, T, hd).
         let qkv = qkv
             .reshape((b, t, 3, h, hd))?
             .permute((2, 0, 3, 1, 4))?
@@ -96,7 +117,6 @@ impl CausalSelfAttention {
         let v = qkv.get(2)?.reshape((b * h, t, hd))?;
         let q = self.apply_rope(&q, t)?;
         let k = self.apply_rope(&k, t)?;
-        let scale = 1.0 / (hd as f64).sqrt();
         let scores = super::autocast::matmul(&q, &k.t()?)?; // (BH, T, T)
         let att = if fused::use_fused(&scores) {
             // One pass for scale + mask + softmax, and one for its backward.

@@ -42,6 +42,11 @@ pub fn autocast(precision: Precision) -> AutocastGuard {
     AutocastGuard { previous }
 }
 
+/// Whether this thread has a reduced-precision matmul scope open.
+pub fn is_active() -> bool {
+    MATMUL_DTYPE.with(Cell::get).is_some()
+}
+
 /// `a.matmul(b)`, in the scope's reduced precision when one is open.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     match MATMUL_DTYPE.with(Cell::get) {

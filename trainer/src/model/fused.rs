@@ -451,6 +451,11 @@ impl CustomOp1 for SumRows {
     }
 }
 
+/// (N, C) → (C,): column sums of a contiguous CPU matrix, without a backward.
+pub(crate) fn sum_rows_op(g: &Tensor) -> Result<Tensor> {
+    g.contiguous()?.apply_op1_no_bwd(&SumRows)
+}
+
 /// x (N, C) + bias (C,); fused backward on CPU.
 pub fn add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op2(&bias.contiguous()?, AddBias)

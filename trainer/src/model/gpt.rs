@@ -160,11 +160,13 @@ impl Gpt {
             None => {
                 let d = self.cfg.d_model;
                 let flat = x.reshape((b * t, d))?; // (BT, D)
-                super::autocast::matmul(&flat, &self.wte.table().t()?)?.reshape((
-                    b,
-                    t,
-                    self.cfg.vocab_size,
-                ))?
+                let table = self.wte.table(); // (V, D)
+                let logits = if super::fused::use_fused(&flat) && !super::autocast::is_active() {
+                    super::fused_linear::linear(&flat, table, None)?
+                } else {
+                    super::autocast::matmul(&flat, &table.t()?)?
+                }; // (BT, V)
+                logits.reshape((b, t, self.cfg.vocab_size))?
             }
         }; // (B, T, V)
         Ok(ModelOutput {

@@ -4,7 +4,7 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
-use super::fused;
+use super::{fused, fused_linear};
 
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -44,11 +44,15 @@ impl Module for Linear {
         let (lead, in_dim) = dims.split_at(dims.len() - 1);
         let out_dim = self.weight.dim(0)?;
         let x2 = x.reshape(((), in_dim[0]))?; // (N, in)
-        let y = super::autocast::matmul(&x2, &self.weight.t()?)?; // (N, out)
-        let y = match &self.bias {
-            Some(b) if fused::use_fused(&y) => fused::add_bias(&y, b)?,
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
+        let y = if fused::use_fused(&x2) && !super::autocast::is_active() {
+            fused_linear::linear(&x2, &self.weight, self.bias.as_ref())? // (N, out)
+        } else {
+            let y = super::autocast::matmul(&x2, &self.weight.t()?)?; // (N, out)
+            match &self.bias {
+                Some(b) if fused::use_fused(&y) => fused::add_bias(&y, b)?,
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
+            }
         };
         let mut shape = lead.to_vec();
         shape.push(out_dim);

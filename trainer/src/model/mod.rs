@@ -4,8 +4,11 @@
 
 mod attention;
 pub mod autocast;
+mod cpu_gemm;
 mod embedding;
 pub mod fused;
+pub mod fused_attention;
+pub mod fused_linear;
 pub mod fused_loss;
 pub mod fused_norm;
 mod gpt;

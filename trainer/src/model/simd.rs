@@ -23,14 +23,8 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// Relative error below 2e-7 over the whole range; NaN in gives NaN out.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    // Clamp with comparisons (not `max`/`min`) so a NaN passes through untouched.
-    let xc = if x > EXP_HI {
-        EXP_HI
-    } else if x < EXP_LO {
-        EXP_LO
-    } else {
-        x
-    };
+    // `clamp` passes a NaN through untouched (unlike `max`/`min`).
+    let xc = x.clamp(EXP_LO, EXP_HI);
     // x = n·ln2 + r with |r| ≤ ln2/2.
     let shifted = xc * LOG2_E + ROUND_MAGIC;
     let n = shifted - ROUND_MAGIC;

@@ -44,6 +44,10 @@ pub fn thread_count(requested: usize) -> usize {
     }
 }
 
+/// candle reads this when its element-wise thread pool starts; a user's own setting wins.
+const SPIN_LIMIT_VAR: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
+const SPIN_LIMIT: u32 = 200;
+
 /// Makes candle's CPU kernels use exactly `threads` threads. candle sizes its matmul
 /// parallelism from `RAYON_NUM_THREADS` on every call and runs its kernels on rayon's global
 /// pool, so both are set; this must run before any tensor work (the global pool is built once).
@@ -54,6 +58,13 @@ pub fn configure_threads(requested: usize) -> usize {
     // Safe in edition 2021; done before the trainer starts any threads of its own.
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+    // candle's element-wise pool spins 25,000 rounds after each op before parking; with as
+    // many workers as cores that spinning steals the cores the next GEMM or the rest of the
+    // machine needs (a 2-thread step ran 1.5-2x slower with another process busy). A short
+    // spin keeps the back-to-back ops of one step fast and parks soon after.
+    if std::env::var_os(SPIN_LIMIT_VAR).is_none() {
+        std::env::set_var(SPIN_LIMIT_VAR, SPIN_LIMIT.to_string());
+    }
     candle_core::utils::init_global_threadpool();
     let effective = candle_core::utils::get_num_threads();
     if effective != n {

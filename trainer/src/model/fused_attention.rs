@@ -1,0 +1,444 @@
+//! Fused causal self-attention on CPU: from the packed `c_attn` output (B, T, 3·D) straight to
+//! the head-merged result (B, T, D), forward and backward each in one op.
+//!
+//! Built from candle primitives, attention is a permute copy of q/k/v, three `narrow`s (whose
+//! backward pads each gradient back to the full 3·D width), a transposed copy of k, two batched
+//! matmuls and the softmax over (B·H, T, T) scores, and a transpose copy of the result; every
+//! edge of that graph costs a zeroed gradient buffer and an add in candle's backward. Here each
+//! (batch, head) pair runs its GEMMs on strided views of the packed buffer, the heads are split
+//! across candle's thread pool, and the softmax probabilities are kept for the backward.
+//! Rotary positions, when configured, are applied to q and k inside the op.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+
+use super::cpu_gemm::{gemm_into, try_for_each, SharedMut, View};
+use super::fused::{slice, Real};
+
+/// cos/sin tables of rotary positions, (max_T, head_dim/2) each, row-major.
+#[derive(Debug)]
+pub struct RopeTables {
+    pub cos: Vec<f64>,
+    pub sin: Vec<f64>,
+    pub half: usize,
+}
+
+/// softmax(q·kᵀ·scale + causal mask)·v for every head; see the module docs.
+#[derive(Clone)]
+pub struct CausalAttention {
+    n_heads: usize,
+    scale: f64,
+    rope: Option<Arc<RopeTables>>,
+    /// Probabilities (B·H, T, T) of this op's forward, for its backward.
+    probs: Arc<Mutex<Option<Box<dyn Any + Send>>>>,
+}
+
+/// Shapes of one call.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    b: usize,
+    t: usize,
+    h: usize,
+    hd: usize,
+}
+
+impl Dims {
+    fn d(&self) -> usize {
+        self.h * self.hd
+    }
+    /// Offset of head `h`'s q in batch `b` of the packed (B, T, 3·D) buffer.
+    fn q_off(&self, b: usize, h: usize) -> usize {
+        b * self.t * 3 * self.d() + h * self.hd
+    }
+}
+
+/// Copies head `(b, h)` of q or k (`col` = 0 or D) into a contiguous (T, hd) buffer, rotated
+/// by the rotary tables when given.
+fn gather_rotated<T: Real>(
+    qkv: &[T],
+    dims: Dims,
+    b: usize,
+    h: usize,
+    col: usize,
+    rope: &RopeTables,
+    out: &mut [T],
+) {
+    let (t, hd, half) = (dims.t, dims.hd, rope.half);
+    let base = dims.q_off(b, h) + col;
+    for pos in 0..t {
+        let x = &qkv[base + pos * 3 * dims.d()..][..hd];
+        let o = &mut out[pos * hd..(pos + 1) * hd];
+        for i in 0..half {
+            let (c, s) = (
+                T::from_f64(rope.cos[pos * half + i]),
+                T::from_f64(rope.sin[pos * half + i]),
+            );
+            o[i] = x[i] * c - x[i + half] * s;
+            o[i + half] = x[i + half] * c + x[i] * s;
+        }
+    }
+}
+
+/// Writes the gradient of a rotated (T, hd) head back through the rotation into `dqkv`.
+fn scatter_unrotated<T: Real>(
+    g: &[T],
+    dims: Dims,
+    b: usize,
+    h: usize,
+    col: usize,
+    rope: &RopeTables,
+    dqkv: SharedMut<T>,
+) {
+    let (t, hd, half) = (dims.t, dims.hd, rope.half);
+    let base = dims.q_off(b, h) + col;
+    for pos in 0..t {
+        let gr = &g[pos * hd..(pos + 1) * hd];
+        for i in 0..half {
+            let (c, s) = (
+                T::from_f64(rope.cos[pos * half + i]),
+                T::from_f64(rope.sin[pos * half + i]),
+            );
+            // SAFETY: inside this pair's own q or k columns of the (B, T, 3·D) buffer.
+            unsafe {
+                let d = dqkv.ptr().add(base + pos * 3 * dims.d());
+                *d.add(i) = gr[i] * c + gr[i + half] * s;
+                *d.add(i + half) = gr[i + half] * c - gr[i] * s;
+            }
+        }
+    }
+}
+
+/// Softmax of each row `i` of a (T, T) score matrix over columns `0..=i`; the rest become 0.
+fn causal_softmax_inplace<T: Real>(s: &mut [T], t: usize) {
+    for (i, row) in s.chunks_mut(t).enumerate() {
+        let (keep, masked) = row.split_at_mut(i + 1);
+        let mut max = keep[0];
+        for &v in &keep[1..] {
+            if v > max {
+                max = v;
+            }
+        }
+        for v in keep.iter_mut() {
+            *v -= max;
+        }
+        T::exp_slice(keep);
+        let inv = T::one() / T::sum_slice(keep);
+        for v in keep.iter_mut() {
+            *v *= inv;
+        }
+        masked.fill(T::zero());
+    }
+}
+
+impl CausalAttention {
+    pub fn new(n_heads: usize, scale: f64, rope: Option<Arc<RopeTables>>) -> Self {
+        CausalAttention {
+            n_heads,
+            scale,
+            rope,
+            probs: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    fn dims(&self, layout: &Layout) -> Result<Dims> {
+        let (b, t, d3) = layout.shape().dims3()?;
+        if d3 % (3 * self.n_heads) != 0 {
+            bail!("fused-attention: last dim {d3} is not 3·n_heads·head_dim");
+        }
+        let hd = d3 / 3 / self.n_heads;
+        if let Some(rope) = &self.rope {
+            if rope.half * 2 != hd || rope.cos.len() < t * rope.half {
+                bail!("fused-attention: rotary tables do not cover T={t}, head_dim={hd}");
+            }
+        }
+        Ok(Dims {
+            b,
+            t,
+            h: self.n_heads,
+            hd,
+        })
+    }
+
+    fn forward<T: Real>(&self, qkv: &[T], dims: Dims) -> Result<Vec<T>> {
+        let Dims { b, t, h, hd } = dims;
+        let d = dims.d();
+        let mut y = vec![T::zero(); b * t * d];
+        let mut probs = vec![T::zero(); b * h * t * t];
+        let y_len = y.len();
+        let (y_ptr, p_ptr) = (SharedMut(y.as_mut_ptr()), SharedMut(probs.as_mut_ptr()));
+        let scale = T::from_f64(self.scale);
+        try_for_each(b * h, t * t * hd, |pair| {
+            let (bi, hi) = (pair / h, pair % h);
+            let q_off = dims.q_off(bi, hi);
+            // SAFETY: this pair's (T, T) block of the probabilities is written by it alone.
+            let p = unsafe { std::slice::from_raw_parts_mut(p_ptr.ptr().add(pair * t * t), t * t) };
+            let (scores_dst, sv) = (p.as_mut_ptr(), View::rows(0, t));
+            match &self.rope {
+                None => gemm_into(
+                    (t, t, hd),
+                    scores_dst,
+                    t * t,
+                    sv,
+                    qkv,
+                    View::rows(q_off, 3 * d),
+                    qkv,
+                    View::rows(q_off + d, 3 * d).transposed(),
+                    scale,
+                    false,
+                )?,
+                Some(rope) => {
+                    let mut q = vec![T::zero(); t * hd];
+                    let mut k = vec![T::zero(); t * hd];
+                    gather_rotated(qkv, dims, bi, hi, 0, rope, &mut q);
+                    gather_rotated(qkv, dims, bi, hi, d, rope, &mut k);
+                    gemm_into(
+                        (t, t, hd),
+                        scores_dst,
+                        t * t,
+                        sv,
+                        &q,
+                        View::rows(0, hd),
+                        &k,
+                        View::rows(0, hd).transposed(),
+                        scale,
+                        false,
+                    )?
+                }
+            }
+            causal_softmax_inplace(p, t);
+            let y_view = View::rows(bi * t * d + hi * hd, d);
+            gemm_into(
+                (t, hd, t),
+                y_ptr.ptr(),
+                y_len,
+                y_view,
+                p,
+                View::rows(0, t),
+                qkv,
+                View::rows(q_off + 2 * d, 3 * d),
+                T::one(),
+                false,
+            )?;
+            Ok(())
+        })?;
+        if let Ok(mut slot) = self.probs.lock() {
+            *slot = Some(Box::new(probs));
+        }
+        Ok(y)
+    }
+}
+
+impl std::fmt::Debug for CausalAttention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CausalAttention")
+            .field("n_heads", &self.n_heads)
+            .field("scale", &self.scale)
+            .field("rope", &self.rope.is_some())
+            .finish()
+    }
+}
+
+impl CustomOp1 for CausalAttention {
+    fn name(&self) -> &'static str {
+        "fused-attention"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let dims = self.dims(layout)?;
+        let out = match storage {
+            CpuStorage::F32(v) => {
+                CpuStorage::F32(self.forward(slice(v, layout, self.name())?, dims)?)
+            }
+            CpuStorage::F64(v) => {
+                CpuStorage::F64(self.forward(slice(v, layout, self.name())?, dims)?)
+            }
+            _ => bail!("fused-attention: f32 or f64 only"),
+        };
+        Ok((out, Shape::from((dims.b, dims.t, dims.d()))))
+    }
+
+    fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let g = grad_res.contiguous()?;
+        let backward = AttentionBackward { fwd: self.clone() };
+        Ok(Some(qkv.apply_op2_no_bwd(&g, &backward)?))
+    }
+}
+
+/// The backward of `CausalAttention`: (qkv, dy) → dqkv, using the forward's probabilities.
+struct AttentionBackward {
+    fwd: CausalAttention,
+}
+
+impl AttentionBackward {
+    fn backward<T: Real>(&self, qkv: &[T], dy: &[T], dims: Dims) -> Result<Vec<T>> {
+        let Dims { b, t, h, hd } = dims;
+        let d = dims.d();
+        let stash = self.fwd.probs.lock().map_err(|_| {
+            candle_core::Error::Msg("fused-attention: poisoned probabilities".into())
+        })?;
+        let Some(probs) = stash.as_ref().and_then(|p| p.downcast_ref::<Vec<T>>()) else {
+            bail!("fused-attention: backward without a forward in the same dtype");
+        };
+        if probs.len() != b * h * t * t {
+            bail!("fused-attention: probabilities do not match the gradient's shape");
+        }
+        let mut dqkv = vec![T::zero(); qkv.len()];
+        let len = dqkv.len();
+        let out = SharedMut(dqkv.as_mut_ptr());
+        let scale = T::from_f64(self.fwd.scale);
+        try_for_each(b * h, t * t * hd, |pair| {
+            let (bi, hi) = (pair / h, pair % h);
+            let q_off = dims.q_off(bi, hi);
+            let p = &probs[pair * t * t..(pair + 1) * t * t];
+            let dy_view = View::rows(bi * t * d + hi * hd, d);
+            let v_view = View::rows(q_off + 2 * d, 3 * d);
+            // dV = Pᵀ·dY, straight into dqkv's v columns.
+            gemm_into(
+                (t, hd, t),
+                out.ptr(),
+                len,
+                v_view,
+                p,
+                View::rows(0, t).transposed(),
+                dy,
+                dy_view,
+                T::one(),
+                false,
+            )?;
+            // dP = dY·Vᵀ, then dS = scale · P ⊙ (dP − Σ_j dP⊙P) in place.
+            let mut ds = vec![T::zero(); t * t];
+            gemm_into(
+                (t, t, hd),
+                ds.as_mut_ptr(),
+                t * t,
+                View::rows(0, t),
+                dy,
+                dy_view,
+                qkv,
+                v_view.transposed(),
+                T::one(),
+                false,
+            )?;
+            for (dr, pr) in ds.chunks_mut(t).zip(p.chunks(t)) {
+                let dot = T::dot_slice(dr, pr);
+                for (x, &pv) in dr.iter_mut().zip(pr) {
+                    *x = scale * pv * (*x - dot);
+                }
+            }
+            match &self.fwd.rope {
+                None => {
+                    // dQ = dS·K and dK = dSᵀ·Q, straight into dqkv's q and k columns.
+                    let (qv, kv) = (View::rows(q_off, 3 * d), View::rows(q_off + d, 3 * d));
+                    gemm_into(
+                        (t, hd, t),
+                        out.ptr(),
+                        len,
+                        qv,
+                        &ds,
+                        View::rows(0, t),
+                        qkv,
+                        kv,
+                        T::one(),
+                        false,
+                    )?;
+                    gemm_into(
+                        (t, hd, t),
+                        out.ptr(),
+                        len,
+                        kv,
+                        &ds,
+                        View::rows(0, t).transposed(),
+                        qkv,
+                        qv,
+                        T::one(),
+                        false,
+                    )?;
+                }
+                Some(rope) => {
+                    let mut q = vec![T::zero(); t * hd];
+                    let mut k = vec![T::zero(); t * hd];
+                    gather_rotated(qkv, dims, bi, hi, 0, rope, &mut q);
+                    gather_rotated(qkv, dims, bi, hi, d, rope, &mut k);
+                    let hv = View::rows(0, hd);
+                    let mut dq = vec![T::zero(); t * hd];
+                    let mut dk = vec![T::zero(); t * hd];
+                    gemm_into(
+                        (t, hd, t),
+                        dq.as_mut_ptr(),
+                        t * hd,
+                        hv,
+                        &ds,
+                        View::rows(0, t),
+                        &k,
+                        hv,
+                        T::one(),
+                        false,
+                    )?;
+                    gemm_into(
+                        (t, hd, t),
+                        dk.as_mut_ptr(),
+                        t * hd,
+                        hv,
+                        &ds,
+                        View::rows(0, t).transposed(),
+                        &q,
+                        hv,
+                        T::one(),
+                        false,
+                    )?;
+                    scatter_unrotated(&dq, dims, bi, hi, 0, rope, out);
+                    scatter_unrotated(&dk, dims, bi, hi, d, rope, out);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(dqkv)
+    }
+}
+
+impl CustomOp2 for AttentionBackward {
+    fn name(&self) -> &'static str {
+        "fused-attention-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let dims = self.fwd.dims(l1)?;
+        if l2.dims() != [dims.b, dims.t, dims.d()] {
+            bail!(
+                "fused-attention-backward: gradient {:?} for input {:?}",
+                l2.dims(),
+                l1.dims()
+            );
+        }
+        let n = self.name();
+        let out = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(g)) => {
+                CpuStorage::F32(self.backward(slice(x, l1, n)?, slice(g, l2, n)?, dims)?)
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(g)) => {
+                CpuStorage::F64(self.backward(slice(x, l1, n)?, slice(g, l2, n)?, dims)?)
+            }
+            _ => bail!("fused-attention-backward: f32 or f64 only, same dtype"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+/// Causal attention of packed qkv (B, T, 3·D) → (B, T, D); CPU, f32/f64.
+pub fn causal_attention(
+    qkv: &Tensor,
+    n_heads: usize,
+    scale: f64,
+    rope: Option<Arc<RopeTables>>,
+) -> Result<Tensor> {
+    qkv.contiguous()?
+        .apply_op1(CausalAttention::new(n_heads, scale, rope))
+}

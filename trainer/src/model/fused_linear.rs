@@ -1,0 +1,329 @@
+//! Fused CPU linear layer, y = x·Wᵀ + b, with its own backward.
+//!
+//! From candle primitives a linear layer is a transposed view of W, a matmul, a bias add and,
+//! in the backward, a transposed weight gradient that candle accumulates into W's gradient with
+//! a strided add; each edge also costs a zeroed buffer and an add. Here the forward is one GEMM
+//! that starts from the bias, and the backward is two GEMMs on strided views (dx = g·W,
+//! dW = gᵀ·x) plus a row sum for the bias. Rows are split across candle's thread pool, one block
+//! per thread, with single-threaded GEMMs inside (see `cpu_gemm`).
+
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+
+use super::cpu_gemm::{gemm_into, try_for_each, SharedMut, View};
+use super::fused::{slice, sum_rows_op, Real};
+
+/// Splits `rows` into about one block per thread (at least 16 rows each) and runs
+/// `f(first_row, end_row)` for each, in parallel when there is enough work.
+fn for_each_row_block(
+    rows: usize,
+    work_per_row: usize,
+    f: impl Fn(usize, usize) -> Result<()> + Sync,
+) -> Result<()> {
+    let threads = candle_core::utils::get_num_threads().max(1);
+    let blocks = threads.min(rows / 16).max(1);
+    try_for_each(blocks, rows / blocks * work_per_row, |i| {
+        f(i * rows / blocks, (i + 1) * rows / blocks)
+    })
+}
+
+/// y (n, out) = x (n, in) · Wᵀ [+ b], W (out, in).
+fn forward<T: Real>(
+    x: &[T],
+    w: &[T],
+    b: Option<&[T]>,
+    (n, d_in, d_out): (usize, usize, usize),
+) -> Result<Vec<T>> {
+    let mut y = vec![T::zero(); n * d_out];
+    let len = y.len();
+    let out = SharedMut(y.as_mut_ptr());
+    for_each_row_block(n, d_in * d_out, |r0, r1| {
+        if let Some(b) = b {
+            for r in r0..r1 {
+                // SAFETY: rows r0..r1 of y belong to this block alone.
+                let row =
+                    unsafe { std::slice::from_raw_parts_mut(out.ptr().add(r * d_out), d_out) };
+                row.copy_from_slice(b);
+            }
+        }
+        gemm_into(
+            (r1 - r0, d_out, d_in),
+            out.ptr(),
+            len,
+            View::rows(r0 * d_out, d_out),
+            x,
+            View::rows(r0 * d_in, d_in),
+            w,
+            View::rows(0, d_in).transposed(),
+            T::one(),
+            b.is_some(),
+        )
+    })?;
+    Ok(y)
+}
+
+/// dx (n, in) = g (n, out) · W (out, in).
+fn grad_input<T: Real>(
+    g: &[T],
+    w: &[T],
+    (n, d_in, d_out): (usize, usize, usize),
+) -> Result<Vec<T>> {
+    let mut dx = vec![T::zero(); n * d_in];
+    let len = dx.len();
+    let out = SharedMut(dx.as_mut_ptr());
+    for_each_row_block(n, d_in * d_out, |r0, r1| {
+        gemm_into(
+            (r1 - r0, d_in, d_out),
+            out.ptr(),
+            len,
+            View::rows(r0 * d_in, d_in),
+            g,
+            View::rows(r0 * d_out, d_out),
+            w,
+            View::rows(0, d_in),
+            T::one(),
+            false,
+        )
+    })?;
+    Ok(dx)
+}
+
+/// dW (out, in) = gᵀ (out, n) · x (n, in); blocks of W's rows, each summing over all n.
+fn grad_weight<T: Real>(
+    g: &[T],
+    x: &[T],
+    (n, d_in, d_out): (usize, usize, usize),
+) -> Result<Vec<T>> {
+    let mut dw = vec![T::zero(); d_out * d_in];
+    let len = dw.len();
+    let out = SharedMut(dw.as_mut_ptr());
+    for_each_row_block(d_out, n * d_in, |j0, j1| {
+        gemm_into(
+            (j1 - j0, d_in, n),
+            out.ptr(),
+            len,
+            View::rows(j0 * d_in, d_in),
+            g,
+            View::rows(j0, d_out).transposed(),
+            x,
+            View::rows(0, d_in),
+            T::one(),
+            false,
+        )
+    })?;
+    Ok(dw)
+}
+
+/// (n, in) and (out, in) shapes of a call, checked against each other.
+fn check(name: &str, x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
+    let (n, d_in) = x.shape().dims2()?;
+    let (d_out, w_in) = w.shape().dims2()?;
+    if w_in != d_in {
+        bail!(
+            "{name}: weight {:?} does not match input {:?}",
+            w.dims(),
+            x.dims()
+        );
+    }
+    Ok((n, d_in, d_out))
+}
+
+/// x·Wᵀ + b.
+#[derive(Debug, Clone, Copy)]
+struct LinearBias;
+
+impl CustomOp3 for LinearBias {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let (n, d_in, d_out) = check(name, l1, l2)?;
+        if l3.dims() != [d_out] {
+            bail!("{name}: bias {:?} for {d_out} outputs", l3.dims());
+        }
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
+                CpuStorage::F32(forward(
+                    slice(x, l1, name)?,
+                    slice(w, l2, name)?,
+                    Some(slice(b, l3, name)?),
+                    (n, d_in, d_out),
+                )?)
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(b)) => {
+                CpuStorage::F64(forward(
+                    slice(x, l1, name)?,
+                    slice(w, l2, name)?,
+                    Some(slice(b, l3, name)?),
+                    (n, d_in, d_out),
+                )?)
+            }
+            _ => bail!("{name}: f32 or f64 only, same dtype"),
+        };
+        Ok((out, Shape::from((n, d_out))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?; // (n, out)
+        let dx = g.apply_op2_no_bwd(w, &GradInput)?;
+        let dw = g.apply_op2_no_bwd(x, &GradWeight)?;
+        let db = sum_rows_op(&g)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// x·Wᵀ.
+#[derive(Debug, Clone, Copy)]
+struct LinearNoBias;
+
+impl CustomOp2 for LinearNoBias {
+    fn name(&self) -> &'static str {
+        "linear-no-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let (n, d_in, d_out) = check(name, l1, l2)?;
+        let out = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => CpuStorage::F32(forward(
+                slice(x, l1, name)?,
+                slice(w, l2, name)?,
+                None,
+                (n, d_in, d_out),
+            )?),
+            (CpuStorage::F64(x), CpuStorage::F64(w)) => CpuStorage::F64(forward(
+                slice(x, l1, name)?,
+                slice(w, l2, name)?,
+                None,
+                (n, d_in, d_out),
+            )?),
+            _ => bail!("{name}: f32 or f64 only, same dtype"),
+        };
+        Ok((out, Shape::from((n, d_out))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?;
+        let dx = g.apply_op2_no_bwd(w, &GradInput)?;
+        let dw = g.apply_op2_no_bwd(x, &GradWeight)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// (g (n, out), W (out, in)) → dx (n, in).
+struct GradInput;
+
+impl CustomOp2 for GradInput {
+    fn name(&self) -> &'static str {
+        "linear-grad-input"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let (n, d_out) = l1.shape().dims2()?;
+        let (w_out, d_in) = l2.shape().dims2()?;
+        if w_out != d_out {
+            bail!(
+                "{name}: gradient {:?} for weight {:?}",
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(g), CpuStorage::F32(w)) => CpuStorage::F32(grad_input(
+                slice(g, l1, name)?,
+                slice(w, l2, name)?,
+                (n, d_in, d_out),
+            )?),
+            (CpuStorage::F64(g), CpuStorage::F64(w)) => CpuStorage::F64(grad_input(
+                slice(g, l1, name)?,
+                slice(w, l2, name)?,
+                (n, d_in, d_out),
+            )?),
+            _ => bail!("{name}: f32 or f64 only, same dtype"),
+        };
+        Ok((out, Shape::from((n, d_in))))
+    }
+}
+
+/// (g (n, out), x (n, in)) → dW (out, in).
+struct GradWeight;
+
+impl CustomOp2 for GradWeight {
+    fn name(&self) -> &'static str {
+        "linear-grad-weight"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let (n, d_out) = l1.shape().dims2()?;
+        let (x_n, d_in) = l2.shape().dims2()?;
+        if x_n != n {
+            bail!("{name}: gradient {:?} for input {:?}", l1.dims(), l2.dims());
+        }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(g), CpuStorage::F32(x)) => CpuStorage::F32(grad_weight(
+                slice(g, l1, name)?,
+                slice(x, l2, name)?,
+                (n, d_in, d_out),
+            )?),
+            (CpuStorage::F64(g), CpuStorage::F64(x)) => CpuStorage::F64(grad_weight(
+                slice(g, l1, name)?,
+                slice(x, l2, name)?,
+                (n, d_in, d_out),
+            )?),
+            _ => bail!("{name}: f32 or f64 only, same dtype"),
+        };
+        Ok((out, Shape::from((d_out, d_in))))
+    }
+}
+
+/// x (N, in) · weight (out, in)ᵀ [+ bias (out,)] → (N, out); fused forward and backward on CPU.
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let weight = weight.contiguous()?;
+    match bias {
+        Some(b) => x.apply_op3(&weight, &b.contiguous()?, LinearBias),
+        None => x.apply_op2(&weight, LinearNoBias),
+    }
+}
