@@ -9,6 +9,8 @@ use std::sync::Mutex;
 use candle_core::{bail, Result};
 
 use super::fused::Real;
+#[cfg(target_arch = "x86_64")]
+use super::sgemm;
 
 /// A raw pointer the worker threads write through, each to its own disjoint region.
 #[derive(Clone, Copy)]
@@ -67,6 +69,34 @@ pub(crate) fn gemm_into<T: Real>(
 ) -> Result<()> {
     if dv.last(m, n) >= dst_len || lv.last(m, k) >= lhs.len() || rv.last(k, n) >= rhs.len() {
         bail!("gemm: view out of bounds");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+        && dv.cs == 1
+        && sgemm::available()
+    {
+        let op = |data: &[T], v: View| sgemm::Operand {
+            // T is f32 here, so the cast only renames the element type.
+            ptr: data[v.off..].as_ptr() as *const f32,
+            rs: v.rs,
+            cs: v.cs,
+        };
+        // SAFETY: AVX-512F is present; the views were checked above, T is f32, and the C
+        // region is this caller's alone (see `SharedMut`).
+        unsafe {
+            sgemm::sgemm(
+                m,
+                n,
+                k,
+                op(lhs, lv),
+                op(rhs, rv),
+                dst.add(dv.off) as *mut f32,
+                dv.rs,
+                beta.to_f64() as f32,
+                accumulate,
+            );
+        }
+        return Ok(());
     }
     // SAFETY: all three views were checked to lie inside their buffers; `dst` is valid for
     // `dst_len` elements and the region written is this caller's alone (see `SharedMut`).

@@ -17,6 +17,7 @@ mod linear;
 mod mlp;
 pub mod moe;
 mod norm;
+mod sgemm;
 pub mod simd;
 
 use candle_core::{DType, Result, Tensor, D};
