@@ -199,7 +199,7 @@ fn encode_cursor(c: &Cursor) -> String {
 }
 
 fn decode_cursor(text: &str, q: &RunQuery) -> StoreResult<Cursor> {
-    if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(invalid_cursor("not a cursor returned by this server"));
     }
     let bytes: Vec<u8> = (0..text.len())

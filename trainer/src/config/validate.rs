@@ -78,7 +78,7 @@ impl Config {
         positive("model.n_heads", m.n_heads)?;
         positive("model.d_ff", m.d_ff)?;
         positive("model.max_seq_len", m.max_seq_len)?;
-        if m.d_model % m.n_heads != 0 {
+        if !m.d_model.is_multiple_of(m.n_heads) {
             return Err(ConfigError::invalid(
                 "model.d_model",
                 format!(
@@ -89,7 +89,7 @@ impl Config {
                 ),
             ));
         }
-        if m.position == PositionKind::Rope && (m.d_model / m.n_heads) % 2 != 0 {
+        if m.position == PositionKind::Rope && !(m.d_model / m.n_heads).is_multiple_of(2) {
             return Err(ConfigError::invalid(
                 "model.position",
                 format!(

@@ -116,7 +116,7 @@ fn candidate_probability(j: f64, bands: usize, rows: usize) -> f64 {
 fn banding(threshold: f64) -> (usize, usize) {
     (1..=NUM_HASHES)
         .rev()
-        .filter(|rows| NUM_HASHES % rows == 0)
+        .filter(|rows| NUM_HASHES.is_multiple_of(*rows))
         .map(|rows| (NUM_HASHES / rows, rows))
         .find(|&(bands, rows)| candidate_probability(threshold, bands, rows) >= CANDIDATE_RECALL)
         .unwrap_or((NUM_HASHES, 1))

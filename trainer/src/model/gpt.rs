@@ -30,7 +30,7 @@ impl Block {
         let norm =
             |name: &str| Norm::new(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, vb.pp(name));
         let mlp = match &cfg.moe {
-            Some(moe) if (layer + 1) % moe.every_n_layers == 0 => {
+            Some(moe) if (layer + 1).is_multiple_of(moe.every_n_layers) => {
                 FeedForward::Moe(MoeLayer::new(cfg, moe, layer, vb.pp("mlp"))?)
             }
             _ => FeedForward::Dense(Mlp::new(

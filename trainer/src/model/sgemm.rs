@@ -236,26 +236,16 @@ unsafe fn kernel(
 mod tests {
     use super::*;
 
-    fn naive(
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &[f32],
-        ars: usize,
-        acs: usize,
-        b: &[f32],
-        brs: usize,
-        bcs: usize,
-    ) -> Vec<f64> {
-        let mut c = vec![0.0f64; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                for p in 0..k {
-                    c[i * n + j] += a[i * ars + p * acs] as f64 * b[p * brs + j * bcs] as f64;
-                }
-            }
+    /// Row-major (rs = cols) or transposed (rs = 1) storage of an r × c matrix given row-major.
+    fn stored(x: &[f32], rows: usize, cols: usize, transposed: bool) -> (Vec<f32>, usize, usize) {
+        if transposed {
+            let t = (0..rows * cols)
+                .map(|i| x[(i % rows) * cols + i / rows])
+                .collect();
+            (t, 1, rows)
+        } else {
+            (x.to_vec(), cols, 1)
         }
-        c
     }
 
     #[test]
@@ -263,57 +253,51 @@ mod tests {
         if !available() {
             return; // The caller falls back to the `gemm` crate on such CPUs.
         }
-        for &(m, n, k) in &[
+        let shapes = [
             (1, 1, 1),
             (13, 33, 7),
             (120, 1024, 256),
             (131, 1050, 300),
             (5, 17, 600),
-        ] {
+        ];
+        for &(m, n, k) in &shapes {
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
                 .collect();
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
                 .collect();
-            // A row-major, B transposed (stored n × k).
-            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
-            let want = naive(m, n, k, &a, k, 1, &b, n, 1);
-            for (b_op, label) in [
-                (
-                    Operand {
-                        ptr: b.as_ptr(),
-                        rs: n,
-                        cs: 1,
-                    },
-                    "B row-major",
-                ),
-                (
-                    Operand {
-                        ptr: bt.as_ptr(),
-                        rs: 1,
-                        cs: k,
-                    },
-                    "B transposed",
-                ),
-            ] {
+            let mut want = vec![0.0f64; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    for p in 0..k {
+                        want[i * n + j] += a[i * k + p] as f64 * b[p * n + j] as f64;
+                    }
+                }
+            }
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let (a_data, a_rs, a_cs) = stored(&a, m, k, ta);
+                let (b_data, b_rs, b_cs) = stored(&b, k, n, tb);
+                let a_op = Operand {
+                    ptr: a_data.as_ptr(),
+                    rs: a_rs,
+                    cs: a_cs,
+                };
+                let b_op = Operand {
+                    ptr: b_data.as_ptr(),
+                    rs: b_rs,
+                    cs: b_cs,
+                };
                 let ldc = n + 3;
                 let mut c = vec![1.0f32; m * ldc];
-                let a_op = Operand {
-                    ptr: a.as_ptr(),
-                    rs: k,
-                    cs: 1,
-                };
                 // SAFETY: the CPU has AVX-512F; every buffer covers the addressed elements.
                 unsafe { sgemm(m, n, k, a_op, b_op, c.as_mut_ptr(), ldc, 0.5, true) };
                 for i in 0..m {
                     for j in 0..n {
                         let expect = 1.0 + 0.5 * want[i * n + j];
                         let got = c[i * ldc + j] as f64;
-                        assert!(
-                            (got - expect).abs() < 1e-3,
-                            "{m}x{n}x{k} {label} at ({i},{j}): {got} vs {expect}"
-                        );
+                        let at = (m, n, k, ta, tb, i, j);
+                        assert!((got - expect).abs() < 1e-3, "{at:?}: {got} vs {expect}");
                     }
                     // The padding columns of each C row are left alone.
                     assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|&v| v == 1.0));

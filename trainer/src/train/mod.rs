@@ -217,7 +217,7 @@ impl Trainer {
         let loss = loss_sum.to_scalar::<f32>()? / accum as f32;
         let mut extra = BTreeMap::new();
         let moe_every = self.cfg.logging.moe_every.max(1) as u64;
-        if !moe_stats.is_empty() && self.state.step % moe_every == 0 {
+        if !moe_stats.is_empty() && self.state.step.is_multiple_of(moe_every) {
             moe_metrics(&moe_stats, &mut extra);
         }
         Ok(StepStats {

@@ -252,7 +252,7 @@ impl Progress {
                 bar.set_message(line);
             }
             None => {
-                if log_every > 0 && s.step % log_every as u64 == 0 || !val.is_empty() {
+                if log_every > 0 && s.step.is_multiple_of(log_every as u64) || !val.is_empty() {
                     eprintln!("{line}");
                 }
             }
