@@ -424,3 +424,56 @@ fn the_fused_linear_gradients_match_finite_differences() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn threaded_layer_norm_and_cross_entropy_gradients_match_autograd_through_primitive_ops(
+) -> Result<()> {
+    // Sizes that split across candle's threads (rows in blocks, partial sums reduced).
+    let (n, c, v) = (1000, 128, 256);
+    let x = values(&[n, c], DType::F32, 0.3)?;
+    let w = values(&[c], DType::F32, 0.9)?;
+    let b = values(&[c], DType::F32, 2.2)?;
+    let weights = values(&[n, c], DType::F32, 1.7)?;
+    let (xv, wv, bv) = (
+        Var::from_tensor(&x)?,
+        Var::from_tensor(&w)?,
+        Var::from_tensor(&b)?,
+    );
+    let objective = |f: &dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>| -> Result<_> {
+        (f(xv.as_tensor(), wv.as_tensor(), bv.as_tensor())? * &weights)?
+            .sum_all()?
+            .backward()
+    };
+    let fused = objective(&|x, w, b| layer_norm(x, w, b, 1e-5))?;
+    let prim = objective(&|x, w, b| reference_layer_norm(x, w, b, 1e-5))?;
+    for (name, var, tol) in [("x", &xv, 1e-4), ("weight", &wv, 1e-2), ("bias", &bv, 1e-2)] {
+        let diff = max_abs_diff(
+            fused.get(var.as_tensor()).expect("fused gradient"),
+            prim.get(var.as_tensor()).expect("primitive gradient"),
+        )?;
+        assert!(diff < tol, "layer norm d{name}: max diff {diff}");
+    }
+
+    let logits = values(&[n, v], DType::F32, 0.3)?.affine(3.0, 0.0)?;
+    let targets: Vec<u32> = (0..n as u32).map(|i| (i * 37) % v as u32).collect();
+    let targets = Tensor::new(targets.as_slice(), &Device::Cpu)?;
+    let fused = cross_entropy_mean(&logits, &targets)?.to_scalar::<f32>()?;
+    let reference = reference_cross_entropy(&logits, &targets)?.to_scalar::<f32>()?;
+    assert!(
+        (fused - reference).abs() < 1e-5,
+        "loss {fused} vs {reference}"
+    );
+    let g_fused = autograd(
+        |x| cross_entropy_mean(x, &targets),
+        &logits,
+        &Tensor::new(1f32, &Device::Cpu)?,
+    )?;
+    let g_ref = autograd(
+        |x| reference_cross_entropy(x, &targets),
+        &logits,
+        &Tensor::new(1f32, &Device::Cpu)?,
+    )?;
+    let diff = max_abs_diff(&g_fused, &g_ref)?;
+    assert!(diff < 1e-7, "cross-entropy gradient max diff {diff}");
+    Ok(())
+}

@@ -424,14 +424,24 @@ impl CustomOp2 for AddBias {
 #[derive(Debug, Clone, Copy)]
 struct SumRows;
 
-fn sum_rows<T: Real>(g: &[T], c: usize) -> Vec<T> {
+fn sum_rows<T: Real>(g: &[T], c: usize) -> Result<Vec<T>> {
+    // Column blocks in parallel; each sums its columns over all rows, in row order.
+    const BLOCK_COLS: usize = 64;
+    let rows = g.len() / c.max(1);
     let mut acc = vec![T::zero(); c];
-    for row in g.chunks(c) {
-        for (a, &v) in acc.iter_mut().zip(row) {
-            *a += v;
+    let acc_ptr = super::cpu_gemm::SharedMut(acc.as_mut_ptr());
+    super::cpu_gemm::try_for_each(c.div_ceil(BLOCK_COLS), BLOCK_COLS * rows, |blk| {
+        let (c0, c1) = (blk * BLOCK_COLS, c.min((blk + 1) * BLOCK_COLS));
+        // SAFETY: columns c0..c1 of the sum belong to this block alone.
+        let out = unsafe { std::slice::from_raw_parts_mut(acc_ptr.ptr().add(c0), c1 - c0) };
+        for row in g.chunks(c) {
+            for (a, &v) in out.iter_mut().zip(&row[c0..c1]) {
+                *a += v;
+            }
         }
-    }
-    acc
+        Ok(())
+    })?;
+    Ok(acc)
 }
 
 impl CustomOp1 for SumRows {
@@ -443,8 +453,8 @@ impl CustomOp1 for SumRows {
         let (_, c) = layout.shape().dims2()?;
         let n = self.name();
         let out = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(sum_rows(slice(v, layout, n)?, c)),
-            CpuStorage::F64(v) => CpuStorage::F64(sum_rows(slice(v, layout, n)?, c)),
+            CpuStorage::F32(v) => CpuStorage::F32(sum_rows(slice(v, layout, n)?, c)?),
+            CpuStorage::F64(v) => CpuStorage::F64(sum_rows(slice(v, layout, n)?, c)?),
             _ => bail!("sum-rows: f32 or f64 only"),
         };
         Ok((out, Shape::from(c)))

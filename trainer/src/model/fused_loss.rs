@@ -4,6 +4,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
+use super::cpu_gemm::{try_for_each, SharedMut};
 use super::fused::{slice, Real};
 
 /// (N, V) logits, (N,) u32 targets → (N,) losses logsumexp(row) − row[target].
@@ -34,16 +35,25 @@ fn check_target(t: u32, v: usize) -> Result<usize> {
     Ok(t)
 }
 
+/// Rows per parallel block of the loss and its backward.
+const BLOCK_ROWS: usize = 64;
+
 fn ce_rows<T: Real>(x: &[T], targets: &[u32], v: usize) -> Result<Vec<T>> {
-    let mut scratch = vec![T::zero(); v];
-    x.chunks(v)
-        .zip(targets)
-        .map(|(row, &t)| {
-            let t = check_target(t, v)?;
+    let n = targets.len();
+    let mut out = vec![T::zero(); n];
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    try_for_each(n.div_ceil(BLOCK_ROWS), BLOCK_ROWS * v, |blk| {
+        let mut scratch = vec![T::zero(); v];
+        for r in blk * BLOCK_ROWS..n.min((blk + 1) * BLOCK_ROWS) {
+            let row = &x[r * v..(r + 1) * v];
+            let t = check_target(targets[r], v)?;
             let (max, lse) = max_and_lse(row, &mut scratch);
-            Ok(lse - (row[t] - max))
-        })
-        .collect()
+            // SAFETY: row r's loss is written by its block alone.
+            unsafe { *out_ptr.ptr().add(r) = lse - (row[t] - max) };
+        }
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 impl CustomOp2 for CrossEntropyRows {
@@ -97,21 +107,24 @@ impl CustomOp2 for CrossEntropyRows {
 struct CrossEntropyBackward;
 
 fn ce_backward_rows<T: Real>(x: &[T], targets: &[u32], g: &[T], v: usize) -> Result<Vec<T>> {
+    let n = targets.len();
     let mut out = vec![T::zero(); x.len()];
-    for ((row, d), (&t, &gn)) in x
-        .chunks(v)
-        .zip(out.chunks_mut(v))
-        .zip(targets.iter().zip(g))
-    {
-        let t = check_target(t, v)?;
-        // d holds exp(x − max) after this; softmax = that / e^lse.
-        let (_, lse) = max_and_lse(row, d);
-        let scale = gn / lse.exp();
-        for di in d.iter_mut() {
-            *di *= scale;
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    try_for_each(n.div_ceil(BLOCK_ROWS), BLOCK_ROWS * v, |blk| {
+        for r in blk * BLOCK_ROWS..n.min((blk + 1) * BLOCK_ROWS) {
+            let t = check_target(targets[r], v)?;
+            // SAFETY: row r of the gradient is written by its block alone.
+            let d = unsafe { std::slice::from_raw_parts_mut(out_ptr.ptr().add(r * v), v) };
+            // d holds exp(x − max) after this; softmax = that / e^lse.
+            let (_, lse) = max_and_lse(&x[r * v..(r + 1) * v], d);
+            let scale = g[r] / lse.exp();
+            for di in d.iter_mut() {
+                *di *= scale;
+            }
+            d[t] -= g[r];
         }
-        d[t] -= gn;
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 

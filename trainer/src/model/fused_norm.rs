@@ -3,6 +3,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
+use super::cpu_gemm::{try_for_each, SharedMut};
 use super::fused::{for_each_row, slice, Real};
 
 /// (x − mean) / √(var + eps) · weight + bias over the last dim of x (N, C).
@@ -97,8 +98,7 @@ impl CustomOp3 for LayerNormOp {
     }
 }
 
-/// From x, weight and the output gradient g, in one pass over the rows (one thread: the
-/// weight and bias gradients sum over rows):
+/// From x, weight and the output gradient g, in one pass over the rows:
 /// x̂ = (x − mean)·rstd, ĝ = g ⊙ w, dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ ⊙ x̂)),
 /// dw = Σ_rows g ⊙ x̂, db = Σ_rows g. Returned packed as (N + 2, C): dx rows, then dw, db.
 #[derive(Debug, Clone, Copy)]
@@ -106,34 +106,60 @@ struct LayerNormBackward {
     eps: f64,
 }
 
-fn layer_norm_backward_rows<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
+/// Rows per block of the backward. Blocks run in parallel, each summing its own partial dw and
+/// db; the partials are then added in block order, so the result does not depend on the
+/// number of threads.
+const BACKWARD_BLOCK_ROWS: usize = 64;
+
+fn layer_norm_backward_rows<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Result<Vec<T>> {
     let c = w.len();
-    let rows = x.len() / c;
+    let rows = x.len() / c.max(1);
     let inv_c = T::from_f64(1.0 / c as f64);
+    let blocks = rows.div_ceil(BACKWARD_BLOCK_ROWS);
     let mut out = vec![T::zero(); x.len() + 2 * c];
-    let (dx, dwb) = out.split_at_mut(x.len());
-    let (dw, db) = dwb.split_at_mut(c);
-    let mut xhat = vec![T::zero(); c];
-    for r in 0..rows {
-        let xr = &x[r * c..(r + 1) * c];
-        let gr = &g[r * c..(r + 1) * c];
-        let (mean, rstd) = row_stats(xr, eps);
-        let (mut mean_gh, mut mean_ghx) = (T::zero(), T::zero());
-        for j in 0..c {
-            xhat[j] = (xr[j] - mean) * rstd;
-            let gh = gr[j] * w[j];
-            mean_gh += gh;
-            mean_ghx += gh * xhat[j];
-            dw[j] += gr[j] * xhat[j];
-            db[j] += gr[j];
+    // Per block: c values of dw, then c of db.
+    let mut partial = vec![T::zero(); blocks * 2 * c];
+    let (out_ptr, partial_ptr) = (SharedMut(out.as_mut_ptr()), SharedMut(partial.as_mut_ptr()));
+    try_for_each(blocks, BACKWARD_BLOCK_ROWS * c, |blk| {
+        let (r0, r1) = (
+            blk * BACKWARD_BLOCK_ROWS,
+            rows.min((blk + 1) * BACKWARD_BLOCK_ROWS),
+        );
+        // SAFETY: block `blk` alone writes dx rows r0..r1 and its own partial sums.
+        let dx =
+            unsafe { std::slice::from_raw_parts_mut(out_ptr.ptr().add(r0 * c), (r1 - r0) * c) };
+        let sums =
+            unsafe { std::slice::from_raw_parts_mut(partial_ptr.ptr().add(blk * 2 * c), 2 * c) };
+        let (dw, db) = sums.split_at_mut(c);
+        let mut xhat = vec![T::zero(); c];
+        for (r, d_row) in (r0..r1).zip(dx.chunks_mut(c)) {
+            let xr = &x[r * c..(r + 1) * c];
+            let gr = &g[r * c..(r + 1) * c];
+            let (mean, rstd) = row_stats(xr, eps);
+            let (mut mean_gh, mut mean_ghx) = (T::zero(), T::zero());
+            for j in 0..c {
+                xhat[j] = (xr[j] - mean) * rstd;
+                let gh = gr[j] * w[j];
+                mean_gh += gh;
+                mean_ghx += gh * xhat[j];
+                dw[j] += gr[j] * xhat[j];
+                db[j] += gr[j];
+            }
+            mean_gh *= inv_c;
+            mean_ghx *= inv_c;
+            for (j, d) in d_row.iter_mut().enumerate() {
+                *d = rstd * (gr[j] * w[j] - mean_gh - xhat[j] * mean_ghx);
+            }
         }
-        mean_gh *= inv_c;
-        mean_ghx *= inv_c;
-        for (j, d) in dx[r * c..(r + 1) * c].iter_mut().enumerate() {
-            *d = rstd * (gr[j] * w[j] - mean_gh - xhat[j] * mean_ghx);
+        Ok(())
+    })?;
+    let dwb = &mut out[x.len()..];
+    for sums in partial.chunks(2 * c) {
+        for (acc, &v) in dwb.iter_mut().zip(sums) {
+            *acc += v;
         }
     }
-    out
+    Ok(out)
 }
 
 impl CustomOp3 for LayerNormBackward {
@@ -163,11 +189,11 @@ impl CustomOp3 for LayerNormBackward {
         let out = match (s1, s2, s3) {
             (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
                 let (x, w, g) = (slice(x, l1, n)?, slice(w, l2, n)?, slice(g, l3, n)?);
-                CpuStorage::F32(layer_norm_backward_rows(x, w, g, self.eps))
+                CpuStorage::F32(layer_norm_backward_rows(x, w, g, self.eps)?)
             }
             (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
                 let (x, w, g) = (slice(x, l1, n)?, slice(w, l2, n)?, slice(g, l3, n)?);
-                CpuStorage::F64(layer_norm_backward_rows(x, w, g, self.eps))
+                CpuStorage::F64(layer_norm_backward_rows(x, w, g, self.eps)?)
             }
             _ => bail!("layer-norm-backward: f32 or f64 only, same dtype"),
         };
