@@ -142,6 +142,22 @@ pub fn stored(
     stored
 }
 
+/// Every point of the batch stored, `seqs[i]` being the seq of `batch.points[i]`.
+pub fn stored_in_order(batch: &Batch, seqs: &[i64]) -> Vec<super::StoredPoint> {
+    batch
+        .points
+        .iter()
+        .zip(seqs)
+        .map(|(p, &seq)| super::StoredPoint {
+            key: p.key.clone(),
+            step: p.step,
+            value: p.value,
+            time: p.time,
+            seq,
+        })
+        .collect()
+}
+
 /// What the batch's points for which `is_new(series, step)` holds change: one update per
 /// series and one rollup delta per touched bucket, both in a fixed order.
 pub fn changes(

@@ -4,9 +4,7 @@ use super::PgStore;
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
 use crate::store::ingest;
-use crate::store::{
-    MetricKey, MetricPoint, Series, SeriesPoint, StoreError, StoreResult, StoredPoint,
-};
+use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint};
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
@@ -228,48 +226,119 @@ impl PgStore {
         now_ms: i64,
     ) -> StoreResult<Vec<StoredPoint>> {
         let batch = ingest::prepare_batch(points, now_ms)?;
-        match self.write_batch(run_id, &batch, true).await {
-            // The fast path counts on the run lock to keep its plain insert free of conflicts;
-            // should one slip through anyway, the batch is simply written again with upserts.
-            Err(StoreError::Database(sqlx::Error::Database(e))) if e.is_unique_violation() => {
-                self.write_batch(run_id, &batch, false).await
+        if !batch.points.is_empty() {
+            if let Some(stored) = self.append_new(run_id, &batch).await? {
+                return Ok(stored);
             }
-            other => other,
         }
+        self.upsert_batch(run_id, &batch).await
     }
 
-    /// Writes a batch in one transaction. With `fast`, a batch none of whose points exist yet
-    /// (found by one index probe per series over its step range) is inserted together with its
-    /// series and rollup changes in one statement; otherwise, or when the probe finds stored
-    /// points, the points are upserted first and only the new ones counted.
-    async fn write_batch(
+    /// The common case in two round trips: a batch of only new points for existing series.
+    /// One statement locks the run row, probes each series' step range of the batch for stored
+    /// points (one index descent per series instead of an `ON CONFLICT` check per point), and,
+    /// when there are none, inserts the points and applies the series and rollup changes.
+    /// `None` (nothing written) when a series is missing, the run is unknown, or a point of the
+    /// batch may already exist: `upsert_batch` handles those.
+    async fn append_new(
         &self,
         run_id: &str,
         batch: &ingest::Batch,
-        fast: bool,
+    ) -> StoreResult<Option<Vec<StoredPoint>>> {
+        let rows =
+            sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1 AND key = ANY($2)")
+                .bind(run_id)
+                .bind(&batch.keys)
+                .fetch_all(&self.pool)
+                .await?;
+        if rows.len() != batch.keys.len() {
+            return Ok(None);
+        }
+        let mut series = ingest::SeriesMap::default();
+        for row in rows {
+            series.insert(row.try_get(1)?, row.try_get(0)?);
+        }
+        let columns = Columns::of(batch, &series);
+        let (series_updates, rollups) = ingest::changes(batch, &series, |_, _| true);
+        let ranges = ingest::step_ranges(batch, &series);
+        // One statement, so one transaction that commits before it returns. The run lock is
+        // taken before any point gets its seq (the guard is evaluated before the first row),
+        // so a run's seqs follow commit order. The probe reads the statement's snapshot: a
+        // writer that committed while this one waited for the lock is not seen, and should the
+        // two overlap, the plain insert fails on the unique index and changes nothing.
+        let guard = "(SELECT ok FROM run) AND NOT (SELECT found FROM clash)";
+        let sql = format!(
+            "WITH run AS MATERIALIZED (SELECT true AS ok FROM runs WHERE id = $5 FOR UPDATE), \
+             clash AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM \
+             UNNEST($6::int8[], $7::int8[], $8::int8[]) AS r(sid, lo, hi) WHERE EXISTS \
+             (SELECT 1 FROM metric_points p WHERE p.series_id = r.sid \
+             AND p.step >= r.lo AND p.step <= r.hi)) AS found), \
+             ins AS (INSERT INTO metric_points (series_id, step, value, time) \
+             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) \
+             WHERE {guard} RETURNING seq, series_id, step), {} \
+             SELECT COALESCE({guard}, false), array_agg(seq), array_agg(series_id), \
+             array_agg(step) FROM ins",
+            changes_ctes(9, guard)
+        );
+        let q = sqlx::query(&sql)
+            .bind(&columns.sids)
+            .bind(&columns.steps)
+            .bind(&columns.values)
+            .bind(&columns.times)
+            .bind(run_id)
+            .bind(ranges.iter().map(|r| r.0).collect::<Vec<_>>())
+            .bind(ranges.iter().map(|r| r.1).collect::<Vec<_>>())
+            .bind(ranges.iter().map(|r| r.2).collect::<Vec<_>>());
+        let row = match bind_changes(q, &series_updates, &rollups)
+            .fetch_one(&self.pool)
+            .await
+        {
+            Ok(row) => row,
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if !row.try_get::<bool, _>(0)? {
+            return Ok(None);
+        }
+        let (seqs, sids, steps): Inserted = (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
+        let seqs = seqs.unwrap_or_default();
+        // Rows usually come back in input order; then seqs pair up with points directly.
+        if sids.as_ref() == Some(&columns.sids) && steps.as_ref() == Some(&columns.steps) {
+            return Ok(Some(ingest::stored_in_order(batch, &seqs)));
+        }
+        let inserted = inserted_map(Some(seqs), sids, steps);
+        Ok(Some(ingest::stored(batch, &series, &inserted)))
+    }
+
+    /// Writes a batch in one transaction under the run's row lock: missing series are created,
+    /// points upserted (a stored (series, step) keeps its first value), and only the new points
+    /// counted in their series and rollups.
+    async fn upsert_batch(
+        &self,
+        run_id: &str,
+        batch: &ingest::Batch,
     ) -> StoreResult<Vec<StoredPoint>> {
         let mut tx = self.pool.begin().await?;
-        // The row lock serializes writers of one run, so seq order is commit order, and a
-        // writer sees every point committed before it; the same round trip finds the series.
-        let rows = sqlx::query(
-            "SELECT s.id, s.key FROM runs r LEFT JOIN metric_series s \
-             ON s.run_id = r.id AND s.key = ANY($2) WHERE r.id = $1 FOR UPDATE OF r",
-        )
-        .bind(run_id)
-        .bind(&batch.keys)
-        .fetch_all(&mut *tx)
-        .await?;
-        if rows.is_empty() {
-            return Err(common::not_found_run(run_id));
-        }
+        // The row lock serializes writers of one run, so seq order is commit order. It is a
+        // statement of its own: the statements after it take their snapshots once it is held,
+        // so they see every series and point the previous holder committed.
+        sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+            .bind(run_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| common::not_found_run(run_id))?;
         if batch.points.is_empty() {
             return Ok(Vec::new());
         }
         let mut series = ingest::SeriesMap::default();
+        let rows =
+            sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1 AND key = ANY($2)")
+                .bind(run_id)
+                .bind(&batch.keys)
+                .fetch_all(&mut *tx)
+                .await?;
         for row in rows {
-            if let (Some(id), Some(key)) = (row.try_get(0)?, row.try_get(1)?) {
-                series.insert(key, id);
-            }
+            series.insert(row.try_get(1)?, row.try_get(0)?);
         }
         // Series of the batch's keys, created on first use.
         let missing: Vec<&String> = batch
@@ -291,39 +360,6 @@ impl PgStore {
             }
         }
         let columns = Columns::of(batch, &series);
-        if fast {
-            let (series_updates, rollups) = ingest::changes(batch, &series, |_, _| true);
-            let ranges = ingest::step_ranges(batch, &series);
-            let sql = format!(
-                "WITH clash AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM \
-                 UNNEST($5::int8[], $6::int8[], $7::int8[]) AS r(sid, lo, hi) WHERE EXISTS \
-                 (SELECT 1 FROM metric_points p WHERE p.series_id = r.sid \
-                 AND p.step >= r.lo AND p.step <= r.hi)) AS found), \
-                 ins AS (INSERT INTO metric_points (series_id, step, value, time) \
-                 SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) \
-                 WHERE NOT (SELECT found FROM clash) RETURNING seq, series_id, step), {} \
-                 SELECT (SELECT found FROM clash), array_agg(seq), array_agg(series_id), \
-                 array_agg(step) FROM ins",
-                changes_ctes(8, "NOT (SELECT found FROM clash)")
-            );
-            let q = sqlx::query(&sql)
-                .bind(&columns.sids)
-                .bind(&columns.steps)
-                .bind(&columns.values)
-                .bind(&columns.times)
-                .bind(ranges.iter().map(|r| r.0).collect::<Vec<_>>())
-                .bind(ranges.iter().map(|r| r.1).collect::<Vec<_>>())
-                .bind(ranges.iter().map(|r| r.2).collect::<Vec<_>>());
-            let row = bind_changes(q, &series_updates, &rollups)
-                .fetch_one(&mut *tx)
-                .await?;
-            if !row.try_get::<bool, _>(0)? {
-                let inserted = inserted_map(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
-                let stored = ingest::stored(batch, &series, &inserted);
-                tx.commit().await?;
-                return Ok(stored);
-            }
-        }
         let (seqs, sids, steps): Inserted = sqlx::query_as(
             "WITH ins AS (INSERT INTO metric_points (series_id, step, value, time) \
              SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) \
