@@ -184,7 +184,6 @@ fn inserted_map(
     sids.into_iter()
         .zip(steps)
         .zip(seqs)
-        .map(|((sid, step), seq)| ((sid, step), seq))
         .collect()
 }
 
