@@ -81,6 +81,9 @@ impl SeriesMap {
     pub fn get(&self, key: &str) -> Option<i64> {
         self.0.get(key).copied()
     }
+    pub fn iter(&self) -> impl Iterator<Item = (&String, i64)> {
+        self.0.iter().map(|(k, &id)| (k, id))
+    }
     /// Every key of a batch has a series before its points are written.
     pub fn id(&self, key: &str) -> i64 {
         self.0.get(key).copied().unwrap_or(-1)

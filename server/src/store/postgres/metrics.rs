@@ -181,10 +181,56 @@ fn inserted_map(
         sids.unwrap_or_default(),
         steps.unwrap_or_default(),
     );
-    sids.into_iter()
-        .zip(steps)
-        .zip(seqs)
-        .collect()
+    sids.into_iter().zip(steps).zip(seqs).collect()
+}
+
+/// Most (run, key) → series id entries the cache holds before it starts over.
+const SERIES_CACHE_MAX: usize = 100_000;
+
+/// Series ids of recently written (run, key)s, so that a batch need not look them up. An entry
+/// is only a hint: the statement that uses it checks that every id is a series of the run.
+#[derive(Default)]
+pub(super) struct SeriesCache(std::sync::Mutex<(usize, HashMap<String, HashMap<String, i64>>)>);
+
+impl SeriesCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, HashMap<String, HashMap<String, i64>>)> {
+        // Every operation leaves the map consistent, so a panicked holder does not matter.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The ids of all `keys` of the run, or `None` when one is not cached.
+    fn get(&self, run_id: &str, keys: &[String]) -> Option<ingest::SeriesMap> {
+        let cache = self.lock();
+        let run = cache.1.get(run_id)?;
+        let mut series = ingest::SeriesMap::default();
+        for key in keys {
+            series.insert(key.clone(), *run.get(key)?);
+        }
+        Some(series)
+    }
+
+    fn put(&self, run_id: &str, series: &ingest::SeriesMap) {
+        let mut cache = self.lock();
+        if cache.0 >= SERIES_CACHE_MAX {
+            *cache = (0, HashMap::new());
+        }
+        let (entries, runs) = &mut *cache;
+        let run = runs.entry(run_id.to_string()).or_default();
+        for (key, id) in series.iter() {
+            if run.insert(key.clone(), id).is_none() {
+                *entries += 1;
+            }
+        }
+    }
+
+    fn forget(&self, run_id: &str) {
+        let mut cache = self.lock();
+        if let Some(run) = cache.1.remove(run_id) {
+            cache.0 -= run.len();
+        }
+    }
 }
 
 /// Columns of a batch's points for `UNNEST`.
@@ -233,8 +279,8 @@ impl PgStore {
         self.upsert_batch(run_id, &batch).await
     }
 
-    /// The common case in two round trips: a batch of only new points for existing series.
-    /// One statement locks the run row, probes each series' step range of the batch for stored
+    /// The common case in one round trip (two when the series ids are not cached): a batch of
+    /// only new points for existing series. One statement checks the series ids, locks the run row, probes each series' step range of the batch for stored
     /// points (one index descent per series instead of an `ON CONFLICT` check per point), and,
     /// when there are none, inserts the points and applies the series and rollup changes.
     /// `None` (nothing written) when a series is missing, the run is unknown, or a point of the
@@ -244,19 +290,27 @@ impl PgStore {
         run_id: &str,
         batch: &ingest::Batch,
     ) -> StoreResult<Option<Vec<StoredPoint>>> {
-        let rows =
-            sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1 AND key = ANY($2)")
+        let series = match self.series_ids.get(run_id, &batch.keys) {
+            Some(series) => series,
+            None => {
+                let rows = sqlx::query(
+                    "SELECT id, key FROM metric_series WHERE run_id = $1 AND key = ANY($2)",
+                )
                 .bind(run_id)
                 .bind(&batch.keys)
                 .fetch_all(&self.pool)
                 .await?;
-        if rows.len() != batch.keys.len() {
-            return Ok(None);
-        }
-        let mut series = ingest::SeriesMap::default();
-        for row in rows {
-            series.insert(row.try_get(1)?, row.try_get(0)?);
-        }
+                if rows.len() != batch.keys.len() {
+                    return Ok(None);
+                }
+                let mut series = ingest::SeriesMap::default();
+                for row in rows {
+                    series.insert(row.try_get(1)?, row.try_get(0)?);
+                }
+                self.series_ids.put(run_id, &series);
+                series
+            }
+        };
         let columns = Columns::of(batch, &series);
         let (series_updates, rollups) = ingest::changes(batch, &series, |_, _| true);
         let ranges = ingest::step_ranges(batch, &series);
@@ -267,7 +321,9 @@ impl PgStore {
         // two overlap, the plain insert fails on the unique index and changes nothing.
         let guard = "(SELECT ok FROM run) AND NOT (SELECT found FROM clash)";
         let sql = format!(
-            "WITH run AS MATERIALIZED (SELECT true AS ok FROM runs WHERE id = $5 FOR UPDATE), \
+            "WITH run AS MATERIALIZED (SELECT true AS ok FROM runs WHERE id = $5 \
+             AND (SELECT count(*) FROM metric_series WHERE run_id = $5 AND id = ANY($6::int8[])) \
+             = cardinality($6::int8[]) FOR UPDATE), \
              clash AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM \
              UNNEST($6::int8[], $7::int8[], $8::int8[]) AS r(sid, lo, hi) WHERE EXISTS \
              (SELECT 1 FROM metric_points p WHERE p.series_id = r.sid \
@@ -293,10 +349,15 @@ impl PgStore {
             .await
         {
             Ok(row) => row,
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(None),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                self.series_ids.forget(run_id);
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         };
         if !row.try_get::<bool, _>(0)? {
+            // The run is unknown, a cached id is stale, or points exist: start from scratch.
+            self.series_ids.forget(run_id);
             return Ok(None);
         }
         let (seqs, sids, steps): Inserted = (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
@@ -380,6 +441,7 @@ impl PgStore {
                 .await?;
         }
         tx.commit().await?;
+        self.series_ids.put(run_id, &series);
         Ok(outcome.stored)
     }
 
