@@ -190,10 +190,13 @@ const SERIES_CACHE_MAX: usize = 100_000;
 /// Series ids of recently written (run, key)s, so that a batch need not look them up. An entry
 /// is only a hint: the statement that uses it checks that every id is a series of the run.
 #[derive(Default)]
-pub(super) struct SeriesCache(std::sync::Mutex<(usize, HashMap<String, HashMap<String, i64>>)>);
+pub(super) struct SeriesCache(std::sync::Mutex<CachedIds>);
+
+/// Entries in all, and run → key → series id.
+type CachedIds = (usize, HashMap<String, HashMap<String, i64>>);
 
 impl SeriesCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, HashMap<String, HashMap<String, i64>>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CachedIds> {
         // Every operation leaves the map consistent, so a panicked holder does not matter.
         self.0
             .lock()
