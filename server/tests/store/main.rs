@@ -10,6 +10,7 @@ mod experiments;
 mod metrics;
 mod runs;
 mod search;
+mod series_cache;
 
 /// Declares each case once per backend: `sqlite::<case>` and `postgres::<case>`.
 macro_rules! both_backends {
