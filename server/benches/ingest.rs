@@ -38,6 +38,16 @@ struct Outcome {
     query_points: usize,
     query_median: Duration,
     query_p95: Duration,
+    /// One-minute load average before and after (the machine may be shared).
+    load: (String, String),
+}
+
+/// The one-minute load average, where the system reports one (Linux).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "n/a".into())
 }
 
 fn env_usize(name: &str, default: usize) -> anyhow::Result<usize> {
@@ -114,6 +124,7 @@ async fn run_backend(
     per_client: usize,
     repeats: usize,
 ) -> anyhow::Result<Outcome> {
+    let load_before = load_average();
     let addr = "127.0.0.1:0".parse()?;
     let mut settings = Settings::new(addr, data_dir);
     settings.database_url = database_url;
@@ -218,6 +229,7 @@ async fn run_backend(
         query_points,
         query_median: percentile(&times, 0.50),
         query_p95: percentile(&times, 0.95),
+        load: (load_before, load_average()),
     })
 }
 
@@ -328,15 +340,15 @@ fn ms(d: Duration) -> f64 {
 
 fn print_header() {
     println!(
-        "| backend  | points    | ingest points/s | ingest s | batch p50 / p95 ms | read points/s | read s | max_points=1000 median / p95 ms |"
+        "| backend  | points    | ingest points/s | ingest s | batch p50 / p95 ms | read points/s | read s | max_points=1000 median / p95 ms | load before / after |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
 }
 
 fn print_row(o: &Outcome, progress: bool) {
     let pps = |d: Duration| o.points as f64 / d.as_secs_f64();
     let row = format!(
-        "| {:<8} | {:>9} | {:>15.0} | {:>8.2} | {:>7.1} / {:<7.1} | {:>13.0} | {:>6.2} | {:.1} / {:.1} ({} points) |",
+        "| {:<8} | {:>9} | {:>15.0} | {:>8.2} | {:>7.1} / {:<7.1} | {:>13.0} | {:>6.2} | {:.1} / {:.1} ({} points) | {} / {} |",
         o.backend,
         o.points,
         pps(o.ingest),
@@ -348,6 +360,8 @@ fn print_row(o: &Outcome, progress: bool) {
         ms(o.query_median),
         ms(o.query_p95),
         o.query_points,
+        o.load.0,
+        o.load.1,
     );
     if progress {
         eprintln!("{row}");

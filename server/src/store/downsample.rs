@@ -230,13 +230,31 @@ pub async fn read_series(
     if lo > hi {
         return Ok(all(Vec::new()));
     }
-    if start_step.is_none() && end_step.is_none() && count <= max_points as i64 {
+    // Steps are unique within a series, so a range of at most `max_points` steps cannot hold
+    // more points than that: it is read whole, without looking for bounds or rollups first.
+    let short_range = hi - lo < max_points as i64;
+    if short_range || (start_step.is_none() && end_step.is_none() && count <= max_points as i64) {
         return Ok(all(src.raw(lo, hi).await?));
     }
     let Some((first, last)) = src.bounds(lo, hi).await? else {
         return Ok(all(Vec::new()));
     };
     let plan = plan(first, last, max_points);
+    if let [Source::Raw { from, to }] = plan.sources[..] {
+        // No rollup level fits: the range is one raw read, kept whole when it fits.
+        let points = src.raw(from, to - 1).await?;
+        if points.len() <= max_points {
+            return Ok(all(points));
+        }
+        let total = points.len() as i64;
+        let pieces = points.iter().map(|p| Agg::point(p.step, p.value, p.time));
+        return Ok(Series {
+            key: key.to_string(),
+            total,
+            downsampled: true,
+            points: assemble(&plan, pieces),
+        });
+    }
     let mut pieces = Vec::new();
     for source in &plan.sources {
         match *source {

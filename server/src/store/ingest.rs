@@ -81,6 +81,9 @@ impl SeriesMap {
     pub fn get(&self, key: &str) -> Option<i64> {
         self.0.get(key).copied()
     }
+    pub fn iter(&self) -> impl Iterator<Item = (&String, i64)> {
+        self.0.iter().map(|(k, &id)| (k, id))
+    }
     /// Every key of a batch has a series before its points are written.
     pub fn id(&self, key: &str) -> i64 {
         self.0.get(key).copied().unwrap_or(-1)
@@ -111,11 +114,25 @@ pub fn summarize(
     series: &SeriesMap,
     inserted: &HashMap<(i64, i64), i64>,
 ) -> Outcome {
+    let (series_updates, rollups) = changes(batch, series, |sid, step| {
+        inserted.contains_key(&(sid, step))
+    });
+    Outcome {
+        stored: stored(batch, series, inserted),
+        series: series_updates,
+        rollups,
+    }
+}
+
+/// The batch's points that were inserted, in input order, with their seqs.
+pub fn stored(
+    batch: &Batch,
+    series: &SeriesMap,
+    inserted: &HashMap<(i64, i64), i64>,
+) -> Vec<super::StoredPoint> {
     let mut stored = Vec::with_capacity(inserted.len());
-    let mut per_series: HashMap<i64, Vec<(i64, f64, i64)>> = HashMap::new();
     for p in &batch.points {
-        let sid = series.id(&p.key);
-        if let Some(&seq) = inserted.get(&(sid, p.step)) {
+        if let Some(&seq) = inserted.get(&(series.id(&p.key), p.step)) {
             stored.push(super::StoredPoint {
                 key: p.key.clone(),
                 step: p.step,
@@ -123,6 +140,41 @@ pub fn summarize(
                 time: p.time,
                 seq,
             });
+        }
+    }
+    stored
+}
+
+/// Every point of the batch stored, `seqs[i]` being the seq of `batch.points[i]`.
+pub fn stored_in_order(batch: &Batch, seqs: &[i64]) -> Vec<super::StoredPoint> {
+    batch
+        .points
+        .iter()
+        .zip(seqs)
+        .map(|(p, &seq)| super::StoredPoint {
+            key: p.key.clone(),
+            step: p.step,
+            value: p.value,
+            time: p.time,
+            seq,
+        })
+        .collect()
+}
+
+/// What the batch's points for which `is_new(series, step)` holds change: one update per
+/// series and one rollup delta per touched bucket, both in a fixed order.
+pub fn changes(
+    batch: &Batch,
+    series: &SeriesMap,
+    is_new: impl Fn(i64, i64) -> bool,
+) -> (
+    Vec<SeriesUpdate>,
+    Vec<(i64, super::downsample::RollupDelta)>,
+) {
+    let mut per_series: HashMap<i64, Vec<(i64, f64, i64)>> = HashMap::new();
+    for p in &batch.points {
+        let sid = series.id(&p.key);
+        if is_new(sid, p.step) {
             per_series
                 .entry(sid)
                 .or_default()
@@ -153,11 +205,24 @@ pub fn summarize(
     // A fixed order keeps concurrent writers from locking rows in opposite orders.
     updates.sort_by_key(|u| u.series_id);
     rollups.sort_by_key(|(sid, d)| (*sid, d.level, d.bucket));
-    Outcome {
-        stored,
-        series: updates,
-        rollups,
+    (updates, rollups)
+}
+
+/// The lowest and highest step of each series in the batch, by series id.
+pub fn step_ranges(batch: &Batch, series: &SeriesMap) -> Vec<(i64, i64, i64)> {
+    let mut ranges: HashMap<i64, (i64, i64)> = HashMap::new();
+    for p in &batch.points {
+        ranges
+            .entry(series.id(&p.key))
+            .and_modify(|r| *r = (r.0.min(p.step), r.1.max(p.step)))
+            .or_insert((p.step, p.step));
     }
+    let mut out: Vec<_> = ranges
+        .into_iter()
+        .map(|(s, (lo, hi))| (s, lo, hi))
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// Merges a rollup delta into an existing bucket (both backends' upsert syntax).

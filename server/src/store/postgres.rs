@@ -18,6 +18,8 @@ use std::time::Duration;
 
 pub struct PgStore {
     pool: PgPool,
+    /// Series ids of recently written metrics (hints, checked by the write that uses them).
+    series_ids: metrics::SeriesCache,
 }
 
 impl<'a> SqlSink for QueryBuilder<'a, Postgres> {
@@ -90,7 +92,10 @@ impl PgStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("../migrations/postgres").run(&pool).await?;
-        Ok(PgStore { pool })
+        Ok(PgStore {
+            pool,
+            series_ids: metrics::SeriesCache::default(),
+        })
     }
 
     async fn run_exists(&self, id: &str) -> StoreResult<()> {

@@ -144,3 +144,70 @@ pub async fn an_unknown_key_of_a_known_run_is_an_empty_series(store: DynStore) {
         .expect("read");
     assert_eq!((s.key.as_str(), s.total, s.points.len()), ("nope", 0, 0));
 }
+
+pub async fn a_window_no_wider_than_the_budget_comes_back_whole(store: DynStore) {
+    let id = new_run(&store, "windows").await;
+    write(
+        &store,
+        &id,
+        (0..20_000).map(|s| pt("loss", s, curve(s))).collect(),
+    )
+    .await;
+    let exact = |s: &trainyard::store::Series, from: i64, to: i64| {
+        s.points.len() as i64 == to - from + 1
+            && s.points
+                .iter()
+                .zip(from..)
+                .all(|(p, step)| p.step == step && p.value == curve(step) && p.time == 1_000 + step)
+    };
+    // Exactly max_points steps.
+    let s = store
+        .read_series(&id, "loss", Some(3_000), Some(3_999), 1_000)
+        .await
+        .expect("window");
+    assert_eq!((s.total, s.downsampled), (1_000, false));
+    assert!(exact(&s, 3_000, 3_999));
+    // A window reaching past the last point.
+    let s = store
+        .read_series(&id, "loss", Some(19_900), Some(20_899), 1_000)
+        .await
+        .expect("tail");
+    assert_eq!((s.total, s.downsampled), (100, false));
+    assert!(exact(&s, 19_900, 19_999));
+    // Wider than the budget, too narrow for any rollup: raw points, downsampled.
+    let s = store
+        .read_series(&id, "loss", Some(0), Some(1_499), 1_000)
+        .await
+        .expect("wide");
+    assert_eq!(s.total, 1_500);
+    assert!(s.downsampled && s.points.len() <= 1_000);
+    let lowest = (0..1_500).map(curve).fold(f64::MAX, f64::min);
+    let highest = (0..1_500).map(curve).fold(f64::MIN, f64::max);
+    assert!(s.points.iter().any(|p| p.value == lowest));
+    assert!(s.points.iter().any(|p| p.value == highest));
+    assert!(s.points.windows(2).all(|w| w[0].step < w[1].step));
+}
+
+pub async fn a_sparse_window_wider_than_the_budget_fits_and_comes_back_whole(store: DynStore) {
+    let id = new_run(&store, "sparse").await;
+    write(
+        &store,
+        &id,
+        (0..2_000).map(|s| pt("loss", s * 3, curve(s))).collect(),
+    )
+    .await;
+    // 3,000 steps holding 1,000 points: within a budget of 1,000.
+    let s = store
+        .read_series(&id, "loss", Some(0), Some(2_999), 1_000)
+        .await
+        .expect("sparse");
+    assert_eq!(
+        (s.total, s.downsampled, s.points.len()),
+        (1_000, false, 1_000)
+    );
+    assert!(s
+        .points
+        .iter()
+        .enumerate()
+        .all(|(i, p)| p.step == i as i64 * 3 && p.value == curve(i as i64)));
+}

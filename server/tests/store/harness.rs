@@ -77,6 +77,15 @@ impl TestDb {
     }
 }
 
+impl TestDb {
+    /// The URL of this test's own Postgres database (`None` on SQLite).
+    pub fn postgres_url(&self) -> Option<String> {
+        self.pg
+            .as_ref()
+            .map(|(base, name)| with_database(base, name))
+    }
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let Some((base, name)) = self.pg.take() else {

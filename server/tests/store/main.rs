@@ -10,6 +10,7 @@ mod experiments;
 mod metrics;
 mod runs;
 mod search;
+mod series_cache;
 
 /// Declares each case once per backend: `sqlite::<case>` and `postgres::<case>`.
 macro_rules! both_backends {
@@ -55,11 +56,14 @@ both_backends!(
     metrics::the_latest_metric_is_the_highest_step_not_the_last_written,
     metrics::points_since_returns_later_points_in_seq_order,
     metrics::bad_points_are_rejected_as_invalid_and_nothing_is_stored,
+    metrics::a_batch_mixing_new_and_stored_points_stores_only_the_new_ones,
     downsampling::a_series_within_the_budget_is_returned_whole,
     downsampling::a_long_series_keeps_every_spike_and_the_global_extremes,
     downsampling::step_bounds_limit_the_points_and_the_total,
     downsampling::downsampling_after_resent_batches_counts_each_point_once,
     downsampling::an_unknown_key_of_a_known_run_is_an_empty_series,
+    downsampling::a_window_no_wider_than_the_budget_comes_back_whole,
+    downsampling::a_sparse_window_wider_than_the_budget_fits_and_comes_back_whole,
     search::runs_are_found_by_status_tag_and_experiment,
     search::pagination_by_creation_time_is_stable_and_complete_with_inserts_between_pages,
     search::pagination_by_name_breaks_ties_by_id,

@@ -191,3 +191,62 @@ pub async fn bad_points_are_rejected_as_invalid_and_nothing_is_stored(store: Dyn
     );
     assert!(store.metric_keys(&id).await.expect("keys").is_empty());
 }
+
+pub async fn a_batch_mixing_new_and_stored_points_stores_only_the_new_ones(store: DynStore) {
+    let id = new_run(&store, "overlap").await;
+    // Even steps first; then a batch of every step, whose range covers the stored ones.
+    let evens: Vec<_> = (0..500).map(|s| pt("loss", s * 2, 1.0)).collect();
+    let first = store.append_points(&id, &evens, 0).await.expect("evens");
+    assert_eq!(first.len(), 500);
+    let all: Vec<_> = (0..1_000).map(|s| pt("loss", s, 2.0)).collect();
+    let second = store.append_points(&id, &all, 0).await.expect("all");
+    assert_eq!(second.len(), 500, "only the odd steps are new");
+    assert!(second.iter().all(|p| p.step % 2 == 1 && p.value == 2.0));
+    let last_seq = first.iter().map(|p| p.seq).max().expect("seqs");
+    assert!(second.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert!(second.iter().all(|p| p.seq > last_seq));
+    // A batch that only extends the series beyond what is stored.
+    let later: Vec<_> = (1_000..1_500).map(|s| pt("loss", s, 3.0)).collect();
+    assert_eq!(
+        store
+            .append_points(&id, &later, 0)
+            .await
+            .expect("later")
+            .len(),
+        500
+    );
+    let keys = store.metric_keys(&id).await.expect("keys");
+    assert_eq!(
+        (keys[0].count, keys[0].last_step, keys[0].last_value),
+        (1_500, 1_499, 3.0)
+    );
+    let series = store
+        .read_series(&id, "loss", None, None, 10_000)
+        .await
+        .expect("read");
+    let expected = |s: i64| match s {
+        s if s >= 1_000 => 3.0,
+        s if s % 2 == 0 => 1.0,
+        _ => 2.0,
+    };
+    assert_eq!(series.points.len(), 1_500);
+    assert!(series
+        .points
+        .iter()
+        .enumerate()
+        .all(|(i, p)| p.step == i as i64 && p.value == expected(p.step)));
+    // The rollups counted each point once.
+    let small = store
+        .read_series(&id, "loss", None, None, 10)
+        .await
+        .expect("downsampled");
+    assert_eq!((small.total, small.downsampled), (1_500, true));
+    assert_eq!(
+        store
+            .points_since(&id, None, None, 10_000)
+            .await
+            .expect("since")
+            .len(),
+        1_500
+    );
+}

@@ -8,6 +8,7 @@ use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, Sto
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
+use std::collections::HashMap;
 
 fn agg(r: &PgRow) -> StoreResult<Agg> {
     Ok(Agg {
@@ -33,24 +34,36 @@ struct PostgresSeries<'a> {
 #[async_trait]
 impl SeriesSource for PostgresSeries<'_> {
     async fn raw(&self, from: i64, to: i64) -> StoreResult<Vec<SeriesPoint>> {
-        let rows = sqlx::query(
-            "SELECT step, value, time FROM metric_points \
-             WHERE series_id = $1 AND step >= $2 AND step <= $3 ORDER BY step",
-        )
-        .bind(self.series_id)
-        .bind(from)
-        .bind(to)
-        .fetch_all(self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(SeriesPoint {
-                    step: r.try_get(0)?,
-                    value: r.try_get(1)?,
-                    time: r.try_get(2)?,
-                })
-            })
-            .collect()
+        // One row of three arrays: decoding it costs a fraction of one row per point, on both
+        // ends of the connection.
+        let (steps, values, times): (Option<Vec<i64>>, Option<Vec<f64>>, Option<Vec<i64>>) =
+            sqlx::query_as(
+                "SELECT array_agg(step), array_agg(value), array_agg(time) FROM \
+                 (SELECT step, value, time FROM metric_points \
+                  WHERE series_id = $1 AND step >= $2 AND step <= $3 ORDER BY step) AS p",
+            )
+            .bind(self.series_id)
+            .bind(from)
+            .bind(to)
+            .fetch_one(self.pool)
+            .await?;
+        let (steps, values, times) = (
+            steps.unwrap_or_default(),
+            values.unwrap_or_default(),
+            times.unwrap_or_default(),
+        );
+        let mut points: Vec<SeriesPoint> = steps
+            .into_iter()
+            .zip(values)
+            .zip(times)
+            .map(|((step, value), time)| SeriesPoint { step, value, time })
+            .collect();
+        // Aggregates take the rows in the sorted subquery's order; SQL does not promise that,
+        // so the order is checked (and restored) here.
+        if !points.windows(2).all(|w| w[0].step < w[1].step) {
+            points.sort_by_key(|p| p.step);
+        }
+        Ok(points)
     }
 
     async fn rollups(&self, level: u32, from: i64, to: i64) -> StoreResult<Vec<Agg>> {
@@ -87,6 +100,172 @@ impl SeriesSource for PostgresSeries<'_> {
     }
 }
 
+/// The series updates and rollup upserts of a batch, as data-modifying CTEs `upd` and `roll`
+/// over parameters `$n..$n+14` (five series arrays, then ten rollup arrays), both skipped when
+/// `guard` (an SQL condition) is false.
+fn changes_ctes(n: usize, guard: &str) -> String {
+    let p = |i: usize| format!("${}", n + i);
+    format!(
+        "upd AS (UPDATE metric_series s SET count = s.count + u.added, \
+         last_step = CASE WHEN u.step > s.last_step THEN u.step ELSE s.last_step END, \
+         last_value = CASE WHEN u.step > s.last_step THEN u.value ELSE s.last_value END, \
+         last_time = CASE WHEN u.step > s.last_step THEN u.time ELSE s.last_time END \
+         FROM UNNEST({}::int8[], {}::int8[], {}::int8[], {}::float8[], {}::int8[]) \
+         AS u(id, added, step, value, time) WHERE s.id = u.id AND {guard}), \
+         roll AS (INSERT INTO metric_rollups (series_id, level, bucket, count, min_step, \
+         min_value, min_time, max_step, max_value, max_time) \
+         SELECT * FROM UNNEST({}::int8[], {}::int4[], {}::int8[], {}::int8[], {}::int8[], \
+         {}::float8[], {}::int8[], {}::int8[], {}::float8[], {}::int8[]) WHERE {guard}{})",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5),
+        p(6),
+        p(7),
+        p(8),
+        p(9),
+        p(10),
+        p(11),
+        p(12),
+        p(13),
+        p(14),
+        ingest::ROLLUP_MERGE
+    )
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Binds the fifteen arrays `changes_ctes` reads.
+fn bind_changes<'q>(
+    q: PgQuery<'q>,
+    series: &[ingest::SeriesUpdate],
+    rollups: &[(i64, downsample::RollupDelta)],
+) -> PgQuery<'q> {
+    q.bind(series.iter().map(|x| x.series_id).collect::<Vec<_>>())
+        .bind(series.iter().map(|x| x.added).collect::<Vec<_>>())
+        .bind(series.iter().map(|x| x.last_step).collect::<Vec<_>>())
+        .bind(series.iter().map(|x| x.last_value).collect::<Vec<_>>())
+        .bind(series.iter().map(|x| x.last_time).collect::<Vec<_>>())
+        .bind(rollups.iter().map(|x| x.0).collect::<Vec<_>>())
+        .bind(rollups.iter().map(|x| x.1.level).collect::<Vec<_>>())
+        .bind(rollups.iter().map(|x| x.1.bucket).collect::<Vec<_>>())
+        .bind(rollups.iter().map(|x| x.1.agg.count).collect::<Vec<_>>())
+        .bind(rollups.iter().map(|x| x.1.agg.min.step).collect::<Vec<_>>())
+        .bind(
+            rollups
+                .iter()
+                .map(|x| x.1.agg.min.value)
+                .collect::<Vec<_>>(),
+        )
+        .bind(rollups.iter().map(|x| x.1.agg.min.time).collect::<Vec<_>>())
+        .bind(rollups.iter().map(|x| x.1.agg.max.step).collect::<Vec<_>>())
+        .bind(
+            rollups
+                .iter()
+                .map(|x| x.1.agg.max.value)
+                .collect::<Vec<_>>(),
+        )
+        .bind(rollups.iter().map(|x| x.1.agg.max.time).collect::<Vec<_>>())
+}
+
+/// (series, step) → seq from three arrays of equal length (NULL when no row was inserted).
+fn inserted_map(
+    seqs: Option<Vec<i64>>,
+    sids: Option<Vec<i64>>,
+    steps: Option<Vec<i64>>,
+) -> HashMap<(i64, i64), i64> {
+    let (seqs, sids, steps) = (
+        seqs.unwrap_or_default(),
+        sids.unwrap_or_default(),
+        steps.unwrap_or_default(),
+    );
+    sids.into_iter().zip(steps).zip(seqs).collect()
+}
+
+/// Most (run, key) → series id entries the cache holds before it starts over.
+const SERIES_CACHE_MAX: usize = 100_000;
+
+/// Series ids of recently written (run, key)s, so that a batch need not look them up. An entry
+/// is only a hint: the statement that uses it checks that every id is a series of the run.
+#[derive(Default)]
+pub(super) struct SeriesCache(std::sync::Mutex<CachedIds>);
+
+/// Entries in all, and run → key → series id.
+type CachedIds = (usize, HashMap<String, HashMap<String, i64>>);
+
+impl SeriesCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CachedIds> {
+        // Every operation leaves the map consistent, so a panicked holder does not matter.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The ids of all `keys` of the run, or `None` when one is not cached.
+    fn get(&self, run_id: &str, keys: &[String]) -> Option<ingest::SeriesMap> {
+        let cache = self.lock();
+        let run = cache.1.get(run_id)?;
+        let mut series = ingest::SeriesMap::default();
+        for key in keys {
+            series.insert(key.clone(), *run.get(key)?);
+        }
+        Some(series)
+    }
+
+    fn put(&self, run_id: &str, series: &ingest::SeriesMap) {
+        let mut cache = self.lock();
+        if cache.0 >= SERIES_CACHE_MAX {
+            *cache = (0, HashMap::new());
+        }
+        let (entries, runs) = &mut *cache;
+        let run = runs.entry(run_id.to_string()).or_default();
+        for (key, id) in series.iter() {
+            if run.insert(key.clone(), id).is_none() {
+                *entries += 1;
+            }
+        }
+    }
+
+    fn forget(&self, run_id: &str) {
+        let mut cache = self.lock();
+        if let Some(run) = cache.1.remove(run_id) {
+            cache.0 -= run.len();
+        }
+    }
+}
+
+/// Columns of a batch's points for `UNNEST`.
+struct Columns {
+    sids: Vec<i64>,
+    steps: Vec<i64>,
+    values: Vec<f64>,
+    times: Vec<i64>,
+}
+
+impl Columns {
+    fn of(batch: &ingest::Batch, series: &ingest::SeriesMap) -> Self {
+        let n = batch.points.len();
+        let mut c = Columns {
+            sids: Vec::with_capacity(n),
+            steps: Vec::with_capacity(n),
+            values: Vec::with_capacity(n),
+            times: Vec::with_capacity(n),
+        };
+        for p in &batch.points {
+            c.sids.push(series.id(&p.key));
+            c.steps.push(p.step);
+            c.values.push(p.value);
+            c.times.push(p.time);
+        }
+        c
+    }
+}
+
+/// `(seqs, series ids, steps)` of inserted points, aggregated into one row.
+type Inserted = (Option<Vec<i64>>, Option<Vec<i64>>, Option<Vec<i64>>);
+
 impl PgStore {
     pub(super) async fn write_points(
         &self,
@@ -95,8 +274,117 @@ impl PgStore {
         now_ms: i64,
     ) -> StoreResult<Vec<StoredPoint>> {
         let batch = ingest::prepare_batch(points, now_ms)?;
+        if !batch.points.is_empty() {
+            if let Some(stored) = self.append_new(run_id, &batch).await? {
+                return Ok(stored);
+            }
+        }
+        self.upsert_batch(run_id, &batch).await
+    }
+
+    /// The common case in one round trip (two when the series ids are not cached): a batch of
+    /// only new points for existing series. One statement checks the series ids, locks the run row, probes each series' step range of the batch for stored
+    /// points (one index descent per series instead of an `ON CONFLICT` check per point), and,
+    /// when there are none, inserts the points and applies the series and rollup changes.
+    /// `None` (nothing written) when a series is missing, the run is unknown, or a point of the
+    /// batch may already exist: `upsert_batch` handles those.
+    async fn append_new(
+        &self,
+        run_id: &str,
+        batch: &ingest::Batch,
+    ) -> StoreResult<Option<Vec<StoredPoint>>> {
+        let series = match self.series_ids.get(run_id, &batch.keys) {
+            Some(series) => series,
+            None => {
+                let rows = sqlx::query(
+                    "SELECT id, key FROM metric_series WHERE run_id = $1 AND key = ANY($2)",
+                )
+                .bind(run_id)
+                .bind(&batch.keys)
+                .fetch_all(&self.pool)
+                .await?;
+                if rows.len() != batch.keys.len() {
+                    return Ok(None);
+                }
+                let mut series = ingest::SeriesMap::default();
+                for row in rows {
+                    series.insert(row.try_get(1)?, row.try_get(0)?);
+                }
+                self.series_ids.put(run_id, &series);
+                series
+            }
+        };
+        let columns = Columns::of(batch, &series);
+        let (series_updates, rollups) = ingest::changes(batch, &series, |_, _| true);
+        let ranges = ingest::step_ranges(batch, &series);
+        // One statement, so one transaction that commits before it returns. The run lock is
+        // taken before any point gets its seq (the guard is evaluated before the first row),
+        // so a run's seqs follow commit order. The probe reads the statement's snapshot: a
+        // writer that committed while this one waited for the lock is not seen, and should the
+        // two overlap, the plain insert fails on the unique index and changes nothing.
+        let guard = "(SELECT ok FROM run) AND NOT (SELECT found FROM clash)";
+        let sql = format!(
+            "WITH run AS MATERIALIZED (SELECT true AS ok FROM runs WHERE id = $5 \
+             AND (SELECT count(*) FROM metric_series WHERE run_id = $5 AND id = ANY($6::int8[])) \
+             = cardinality($6::int8[]) FOR UPDATE), \
+             clash AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM \
+             UNNEST($6::int8[], $7::int8[], $8::int8[]) AS r(sid, lo, hi) WHERE EXISTS \
+             (SELECT 1 FROM metric_points p WHERE p.series_id = r.sid \
+             AND p.step >= r.lo AND p.step <= r.hi)) AS found), \
+             ins AS (INSERT INTO metric_points (series_id, step, value, time) \
+             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) \
+             WHERE {guard} RETURNING seq, series_id, step), {} \
+             SELECT COALESCE({guard}, false), array_agg(seq), array_agg(series_id), \
+             array_agg(step) FROM ins",
+            changes_ctes(9, guard)
+        );
+        let q = sqlx::query(&sql)
+            .bind(&columns.sids)
+            .bind(&columns.steps)
+            .bind(&columns.values)
+            .bind(&columns.times)
+            .bind(run_id)
+            .bind(ranges.iter().map(|r| r.0).collect::<Vec<_>>())
+            .bind(ranges.iter().map(|r| r.1).collect::<Vec<_>>())
+            .bind(ranges.iter().map(|r| r.2).collect::<Vec<_>>());
+        let row = match bind_changes(q, &series_updates, &rollups)
+            .fetch_one(&self.pool)
+            .await
+        {
+            Ok(row) => row,
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                self.series_ids.forget(run_id);
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !row.try_get::<bool, _>(0)? {
+            // The run is unknown, a cached id is stale, or points exist: start from scratch.
+            self.series_ids.forget(run_id);
+            return Ok(None);
+        }
+        let (seqs, sids, steps): Inserted = (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
+        let seqs = seqs.unwrap_or_default();
+        // Rows usually come back in input order; then seqs pair up with points directly.
+        if sids.as_ref() == Some(&columns.sids) && steps.as_ref() == Some(&columns.steps) {
+            return Ok(Some(ingest::stored_in_order(batch, &seqs)));
+        }
+        let inserted = inserted_map(Some(seqs), sids, steps);
+        Ok(Some(ingest::stored(batch, &series, &inserted)))
+    }
+
+    /// Writes a batch in one transaction under the run's row lock: missing series are created,
+    /// points upserted (a stored (series, step) keeps its first value), and only the new points
+    /// counted in their series and rollups.
+    async fn upsert_batch(
+        &self,
+        run_id: &str,
+        batch: &ingest::Batch,
+    ) -> StoreResult<Vec<StoredPoint>> {
         let mut tx = self.pool.begin().await?;
-        // The row lock serializes writers of one run, so seq order is commit order.
+        // The row lock serializes writers of one run, so seq order is commit order. It is a
+        // statement of its own: the statements after it take their snapshots once it is held,
+        // so they see every series and point the previous holder committed.
         sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
             .bind(run_id)
             .fetch_optional(&mut *tx)
@@ -105,7 +393,6 @@ impl PgStore {
         if batch.points.is_empty() {
             return Ok(Vec::new());
         }
-        // Series of the batch's keys, created on first use.
         let mut series = ingest::SeriesMap::default();
         let rows =
             sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1 AND key = ANY($2)")
@@ -116,6 +403,7 @@ impl PgStore {
         for row in rows {
             series.insert(row.try_get(1)?, row.try_get(0)?);
         }
+        // Series of the batch's keys, created on first use.
         let missing: Vec<&String> = batch
             .keys
             .iter()
@@ -134,78 +422,29 @@ impl PgStore {
                 series.insert(row.try_get(1)?, row.try_get(0)?);
             }
         }
-        let n = batch.points.len();
-        let (mut sids, mut steps, mut values, mut times) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for p in &batch.points {
-            sids.push(series.id(&p.key));
-            steps.push(p.step);
-            values.push(p.value);
-            times.push(p.time);
-        }
-        let rows = sqlx::query(
-            "INSERT INTO metric_points (series_id, step, value, time) \
+        let columns = Columns::of(batch, &series);
+        let (seqs, sids, steps): Inserted = sqlx::query_as(
+            "WITH ins AS (INSERT INTO metric_points (series_id, step, value, time) \
              SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) \
-             ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step",
+             ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step) \
+             SELECT array_agg(seq), array_agg(series_id), array_agg(step) FROM ins",
         )
-        .bind(sids)
-        .bind(steps)
-        .bind(values)
-        .bind(times)
-        .fetch_all(&mut *tx)
+        .bind(&columns.sids)
+        .bind(&columns.steps)
+        .bind(&columns.values)
+        .bind(&columns.times)
+        .fetch_one(&mut *tx)
         .await?;
-        let mut inserted = std::collections::HashMap::with_capacity(rows.len());
-        for row in rows {
-            let seq: i64 = row.try_get(0)?;
-            inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
-        }
-        let outcome = ingest::summarize(&batch, &series, &inserted);
+        let inserted = inserted_map(seqs, sids, steps);
+        let outcome = ingest::summarize(batch, &series, &inserted);
         if !outcome.series.is_empty() {
-            let u = &outcome.series;
-            sqlx::query(
-                "UPDATE metric_series s SET count = s.count + u.added, \
-                 last_step = CASE WHEN u.step > s.last_step THEN u.step ELSE s.last_step END, \
-                 last_value = CASE WHEN u.step > s.last_step THEN u.value ELSE s.last_value END, \
-                 last_time = CASE WHEN u.step > s.last_step THEN u.time ELSE s.last_time END \
-                 FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::float8[], $5::int8[]) \
-                 AS u(id, added, step, value, time) WHERE s.id = u.id",
-            )
-            .bind(u.iter().map(|x| x.series_id).collect::<Vec<_>>())
-            .bind(u.iter().map(|x| x.added).collect::<Vec<_>>())
-            .bind(u.iter().map(|x| x.last_step).collect::<Vec<_>>())
-            .bind(u.iter().map(|x| x.last_value).collect::<Vec<_>>())
-            .bind(u.iter().map(|x| x.last_time).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await?;
-        }
-        if !outcome.rollups.is_empty() {
-            let r = &outcome.rollups;
-            let sql = format!(
-                "INSERT INTO metric_rollups (series_id, level, bucket, count, min_step, \
-                 min_value, min_time, max_step, max_value, max_time) \
-                 SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::int8[], $4::int8[], \
-                 $5::int8[], $6::float8[], $7::int8[], $8::int8[], $9::float8[], $10::int8[]){}",
-                ingest::ROLLUP_MERGE
-            );
-            sqlx::query(&sql)
-                .bind(r.iter().map(|x| x.0).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.level).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.bucket).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.agg.count).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.agg.min.step).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.agg.min.value).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.agg.min.time).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.agg.max.step).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.agg.max.value).collect::<Vec<_>>())
-                .bind(r.iter().map(|x| x.1.agg.max.time).collect::<Vec<_>>())
+            let sql = format!("WITH {} SELECT 1", changes_ctes(1, "true"));
+            bind_changes(sqlx::query(&sql), &outcome.series, &outcome.rollups)
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
+        self.series_ids.put(run_id, &series);
         Ok(outcome.stored)
     }
 

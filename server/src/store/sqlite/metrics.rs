@@ -131,24 +131,58 @@ impl SqliteStore {
             .iter()
             .map(|p| (series.id(&p.key), p.step, p.value, p.time))
             .collect();
-        let mut inserted = std::collections::HashMap::with_capacity(rows.len());
-        for chunk in rows.chunks(CHUNK) {
-            let mut qb = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO metric_points (series_id, step, value, time) ",
-            );
-            qb.push_values(chunk, |mut b, &(sid, step, value, time)| {
-                b.push_bind(sid)
-                    .push_bind(step)
-                    .push_bind(value)
-                    .push_bind(time);
-            });
-            qb.push(" ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step");
-            for row in qb.build().fetch_all(&mut *tx).await? {
-                let seq: i64 = row.try_get(0)?;
-                inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
+        // This connection is the only writer, so what the probe sees stays true until commit.
+        let mut clash = false;
+        for (sid, lo, hi) in ingest::step_ranges(&batch, &series) {
+            clash = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM metric_points \
+                 WHERE series_id = ? AND step >= ? AND step <= ?)",
+            )
+            .bind(sid)
+            .bind(lo)
+            .bind(hi)
+            .fetch_one(&mut *tx)
+            .await?;
+            if clash {
+                break;
             }
         }
-        let outcome = ingest::summarize(&batch, &series, &inserted);
+        let outcome = if clash {
+            self.upsert_points(&mut tx, &batch, &series, &rows).await?
+        } else {
+            // Every point is new: it gets the next seq in input order (above every seq ever
+            // used, as AUTOINCREMENT would) and no row needs to come back.
+            let base: i64 = sqlx::query_scalar(
+                "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence \
+                 WHERE name = 'metric_points'), 0), COALESCE((SELECT MAX(seq) FROM metric_points), 0))",
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            for (c, chunk) in rows.chunks(CHUNK).enumerate() {
+                let first = base + 1 + (c * CHUNK) as i64;
+                let mut qb = QueryBuilder::<Sqlite>::new(
+                    "INSERT INTO metric_points (seq, series_id, step, value, time) ",
+                );
+                qb.push_values(
+                    chunk.iter().enumerate(),
+                    |mut b, (i, &(sid, step, value, time))| {
+                        b.push_bind(first + i as i64)
+                            .push_bind(sid)
+                            .push_bind(step)
+                            .push_bind(value)
+                            .push_bind(time);
+                    },
+                );
+                qb.build().execute(&mut *tx).await?;
+            }
+            let seqs: Vec<i64> = (1..=rows.len() as i64).map(|i| base + i).collect();
+            let (series_updates, rollups) = ingest::changes(&batch, &series, |_, _| true);
+            ingest::Outcome {
+                stored: ingest::stored_in_order(&batch, &seqs),
+                series: series_updates,
+                rollups,
+            }
+        };
         for u in &outcome.series {
             sqlx::query(
                 "UPDATE metric_series SET count = count + ?, \
@@ -189,6 +223,35 @@ impl SqliteStore {
         }
         tx.commit().await?;
         Ok(outcome.stored)
+    }
+
+    /// Inserts the points that are not stored yet, keeping stored ones as they are, and
+    /// returns what the new ones change.
+    async fn upsert_points(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Sqlite>,
+        batch: &ingest::Batch,
+        series: &ingest::SeriesMap,
+        rows: &[(i64, i64, f64, i64)],
+    ) -> StoreResult<ingest::Outcome> {
+        let mut inserted = std::collections::HashMap::with_capacity(rows.len());
+        for chunk in rows.chunks(CHUNK) {
+            let mut qb = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO metric_points (series_id, step, value, time) ",
+            );
+            qb.push_values(chunk, |mut b, &(sid, step, value, time)| {
+                b.push_bind(sid)
+                    .push_bind(step)
+                    .push_bind(value)
+                    .push_bind(time);
+            });
+            qb.push(" ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step");
+            for row in qb.build().fetch_all(&mut **tx).await? {
+                let seq: i64 = row.try_get(0)?;
+                inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
+            }
+        }
+        Ok(ingest::summarize(batch, series, &inserted))
     }
 
     pub(super) async fn keys_of(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
