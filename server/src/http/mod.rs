@@ -15,6 +15,8 @@ pub mod logs;
 pub mod metrics;
 pub mod openapi;
 pub mod pages;
+pub mod run_page;
+pub mod runs_page;
 pub mod runs;
 pub mod views;
 
