@@ -16,8 +16,8 @@ pub mod metrics;
 pub mod openapi;
 pub mod pages;
 pub mod run_page;
-pub mod runs_page;
 pub mod runs;
+pub mod runs_page;
 pub mod views;
 
 use axum::http::{Method, Uri};

@@ -7,16 +7,14 @@ use super::launch_page;
 use super::run_page::{relaunch_run, run_page, set_notes, set_tag, stop_run};
 use super::runs_page::{runs_home, runs_of_experiment};
 use super::views::*;
-use crate::store::{DynStore, Run, RunQuery, RunStatus, StoreError};
+use crate::store::{DynStore, StoreError};
 use askama::Template;
 use axum::body::Body;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{header, Method, Request, StatusCode};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tower::ServiceExt;
 
@@ -253,7 +251,11 @@ pub fn check_run_id(id: &str) -> Result<(), PageError> {
 }
 
 /// Edits go through `PATCH /api/v1/runs/{id}` so the API's validation and live events apply.
-pub(super) async fn api_patch(d: &Dashboard, id: &str, body: serde_json::Value) -> Result<(), PageError> {
+pub(super) async fn api_patch(
+    d: &Dashboard,
+    id: &str,
+    body: serde_json::Value,
+) -> Result<(), PageError> {
     let (status, json) = d
         .call_api(Method::PATCH, &format!("/api/v1/runs/{id}"), Some(body))
         .await?;

@@ -4,13 +4,12 @@
 use super::launch_page;
 use super::pages::{api_patch, api_result, check_run_id, html, Dashboard, PageError, PageResult};
 use super::views::*;
-use crate::store::{DynStore, Run, RunQuery, RunStatus, StoreError};
-use axum::extract::{Form, Path, Query, State};
+use crate::store::RunStatus;
+use axum::extract::{Form, Path, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Redirect};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 #[tracing::instrument(skip(d))]
 pub(super) async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>) -> PageResult {
@@ -92,7 +91,7 @@ pub(super) async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>)
 }
 
 #[derive(Deserialize)]
-struct TagForm {
+pub(super) struct TagForm {
     key: String,
     #[serde(default)]
     value: String,
@@ -115,7 +114,7 @@ pub(super) async fn set_tag(
 }
 
 #[derive(Deserialize)]
-struct NotesForm {
+pub(super) struct NotesForm {
     notes: String,
 }
 

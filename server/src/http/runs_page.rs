@@ -1,15 +1,12 @@
 //! The runs table: the home page and one experiment's runs, filtered, sorted and paged on the
 //! server (the same search as `GET /api/v1/runs`).
 
-use super::pages::{html, Dashboard, PageError, PageResult};
+use super::pages::{html, Dashboard, PageResult};
 use super::views::*;
-use crate::store::{DynStore, Run, RunQuery, RunStatus, StoreError};
-use axum::extract::{Form, Path, Query, State};
-use axum::http::Method;
-use axum::response::{IntoResponse, Redirect};
+use crate::store::{Run, RunQuery, RunStatus, StoreError};
+use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct RunsParams {
@@ -23,7 +20,10 @@ pub struct RunsParams {
     pub limit: Option<usize>,
 }
 
-pub(super) async fn runs_home(State(d): State<Dashboard>, Query(p): Query<RunsParams>) -> PageResult {
+pub(super) async fn runs_home(
+    State(d): State<Dashboard>,
+    Query(p): Query<RunsParams>,
+) -> PageResult {
     runs_table(&d, p).await
 }
 
