@@ -90,6 +90,7 @@ pub unsafe fn sgemm(
         if pa.len() < KC * MC {
             pa.resize(KC * MC, 0.0);
         }
+        let direct = a.rs == 1 || a.cs == 1;
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             for pc in (0..k).step_by(KC) {
@@ -98,15 +99,36 @@ pub unsafe fn sgemm(
                 pack_b(b, pc, kc, jc, nc, pb);
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
-                    pack_a(a, ic, mc, pc, kc, pa);
+                    // Full panels of a row-major or transposed A are read in place; only a
+                    // partial last panel (and any other layout) is packed, zero-padded.
+                    let full = if direct { mc / MR * MR } else { 0 };
+                    if full < mc {
+                        pack_a(a, ic + full, mc - full, pc, kc, &mut pa[full * kc..]);
+                    }
                     for jr in (0..nc).step_by(NR) {
                         let cols = NR.min(nc - jr);
                         let bp = pb.as_ptr().add(jr * kc);
                         for ir in (0..mc).step_by(MR) {
                             let rows = MR.min(mc - ir);
-                            let ap = pa.as_ptr().add(ir * kc);
                             let cp = c.add((ic + ir) * ldc + jc + jr);
-                            kernel(kc, ap, bp, cp, ldc, rows, cols, beta, acc);
+                            let tile = Tile {
+                                c: cp,
+                                ldc,
+                                rows,
+                                cols,
+                                beta,
+                                accumulate: acc,
+                            };
+                            if ir < full {
+                                let ap = a.ptr.add((ic + ir) * a.rs + pc * a.cs);
+                                if a.rs == 1 {
+                                    kernel_k_major(kc, ap, a.cs, bp, tile);
+                                } else {
+                                    kernel_row_major(kc, ap, a.rs, bp, tile);
+                                }
+                            } else {
+                                kernel_k_major(kc, pa.as_ptr().add(ir * kc), MR, bp, tile);
+                            }
                         }
                     }
                 }
@@ -177,33 +199,36 @@ unsafe fn pack_a(a: Operand, ic: usize, mc: usize, pc: usize, kc: usize, out: &m
     }
 }
 
-/// C tile (rows × cols ≤ MR × NR) ← [C +] beta · Apanel · Bpanel over kc.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn kernel(
-    kc: usize,
-    ap: *const f32,
-    bp: *const f32,
+/// Where a microkernel writes its tile: C rows × cols (≤ MR × NR) at `c`, row stride `ldc`,
+/// as [C +] beta · product.
+#[derive(Clone, Copy)]
+struct Tile {
     c: *mut f32,
     ldc: usize,
     rows: usize,
     cols: usize,
     beta: f32,
     accumulate: bool,
-) {
+}
+
+/// The MR × NR tile of A·B over kc, A element (r, p) at `a + r·a_rs + p·a_cs`, B a packed panel.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn kernel_body(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, bp: *const f32, t: Tile) {
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     for p in 0..kc {
         let b0 = _mm512_loadu_ps(bp.add(p * NR));
         let b1 = _mm512_loadu_ps(bp.add(p * NR + 16));
-        let a = ap.add(p * MR);
+        let ap = a.add(p * a_cs);
         for (r, row) in acc.iter_mut().enumerate() {
-            let av = _mm512_set1_ps(*a.add(r));
+            let av = _mm512_set1_ps(*ap.add(r * a_rs));
             row[0] = _mm512_fmadd_ps(av, b0, row[0]);
             row[1] = _mm512_fmadd_ps(av, b1, row[1]);
         }
     }
-    let beta_v = _mm512_set1_ps(beta);
+    let beta_v = _mm512_set1_ps(t.beta);
+    let cols = t.cols;
     let m0: __mmask16 = if cols >= 16 {
         0xffff
     } else {
@@ -216,20 +241,35 @@ unsafe fn kernel(
     } else {
         0
     };
-    for (r, row) in acc.iter().enumerate().take(rows) {
-        let dst = c.add(r * ldc);
+    for (r, row) in acc.iter().enumerate().take(t.rows) {
+        let dst = t.c.add(r * t.ldc);
         for (half, (&v, mask)) in row.iter().zip([m0, m1]).enumerate() {
             if mask == 0 {
                 continue;
             }
             let d = dst.add(16 * half);
             let mut out = _mm512_mul_ps(beta_v, v);
-            if accumulate {
+            if t.accumulate {
                 out = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, d), out);
             }
             _mm512_mask_storeu_ps(d, mask, out);
         }
     }
+}
+
+/// A with the MR values of each k step adjacent (a packed panel, `a_cs` = MR, or a transposed
+/// operand read in place, `a_cs` = its leading dimension).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_k_major(kc: usize, a: *const f32, a_cs: usize, bp: *const f32, t: Tile) {
+    kernel_body(kc, a, 1, a_cs, bp, t)
+}
+
+/// A row-major, read in place: MR rows `a_rs` apart, each contiguous along k.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_row_major(kc: usize, a: *const f32, a_rs: usize, bp: *const f32, t: Tile) {
+    kernel_body(kc, a, a_rs, 1, bp, t)
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
