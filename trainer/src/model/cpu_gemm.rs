@@ -2,7 +2,8 @@
 //! candle's CPU thread pool: the fused attention and linear ops split work into independent
 //! blocks (heads, row ranges) and run one single-threaded GEMM per block, so every worker
 //! thread comes from one pool instead of candle's element-wise pool plus rayon's GEMM pool
-//! competing for the same cores.
+//! competing for the same cores. The LayerNorm, cross-entropy and bias-sum kernels use the
+//! same loop for their row and column blocks.
 
 use std::sync::Mutex;
 
@@ -15,8 +16,9 @@ use super::sgemm;
 /// A raw pointer the worker threads write through, each to its own disjoint region.
 #[derive(Clone, Copy)]
 pub(crate) struct SharedMut<T>(pub(crate) *mut T);
-// SAFETY: every user writes only the rows and columns of its own (batch, head) pair, so no two
-// threads touch the same element, and the buffer outlives the parallel section.
+// SAFETY: every user writes only the elements of its own block (a (batch, head) pair, a range
+// of rows or columns), so no two threads touch the same element, and the buffer outlives the
+// parallel section.
 unsafe impl<T> Send for SharedMut<T> {}
 unsafe impl<T> Sync for SharedMut<T> {}
 
