@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use candle_core::{bail, Result};
 
-use super::fused::Real;
+use super::fused::{Real, PAR_MIN_ELEMS};
 #[cfg(target_arch = "x86_64")]
 use super::sgemm;
 
@@ -135,7 +135,7 @@ pub(crate) fn try_for_each(
     work_per_item: usize,
     f: impl Fn(usize) -> Result<()> + Sync,
 ) -> Result<()> {
-    if candle_core::utils::get_num_threads() <= 1 || items * work_per_item < 64 * 1024 {
+    if candle_core::utils::get_num_threads() <= 1 || items * work_per_item < PAR_MIN_ELEMS {
         return (0..items).try_for_each(f);
     }
     let failure: Mutex<Option<candle_core::Error>> = Mutex::new(None);

@@ -14,7 +14,7 @@ use candle_core::{
 };
 
 /// Below this many elements an op runs on the calling thread: waking the pool costs more.
-const PAR_MIN_ELEMS: usize = 64 * 1024;
+pub(crate) const PAR_MIN_ELEMS: usize = 64 * 1024;
 
 /// Whether the fused kernels apply to `x`: CPU storage in f32 or f64.
 pub fn use_fused(x: &Tensor) -> bool {
@@ -100,6 +100,26 @@ pub(crate) fn slice<'a, T>(data: &'a [T], layout: &Layout, op: &str) -> Result<&
     }
 }
 
+/// The f32 and f64 arms of a fused op's `cpu_fwd`: each `name = (storage, layout)` argument is
+/// bound to its contiguous slice, and `body`, written once for any `T: Real`, makes the output.
+/// Any other dtype, or mixed dtypes, is an error naming the op.
+macro_rules! float_kernel {
+    ($op:expr; $($v:ident = ($s:expr, $l:expr)),+ => $body:expr) => {
+        match ($($s,)+) {
+            ($(candle_core::CpuStorage::F32($v),)+) => {
+                $(let $v = $crate::model::fused::slice($v, $l, $op)?;)+
+                candle_core::CpuStorage::F32($body)
+            }
+            ($(candle_core::CpuStorage::F64($v),)+) => {
+                $(let $v = $crate::model::fused::slice($v, $l, $op)?;)+
+                candle_core::CpuStorage::F64($body)
+            }
+            _ => candle_core::bail!("{}: f32 or f64 only, same dtype", $op),
+        }
+    };
+}
+pub(crate) use float_kernel;
+
 /// Fills `out` row by row (`cols` values each) with `f(row_index, row)`, on candle's thread
 /// pool when the tensor is big enough.
 pub(crate) fn for_each_row<T: Send, F>(out: &mut [T], cols: usize, f: F)
@@ -178,19 +198,7 @@ impl CustomOp1 for CausalSoftmax {
         if dims.len() < 2 || dims[dims.len() - 2] != t {
             bail!("causal-softmax: expected (.., T, T) scores, got {:?}", dims);
         }
-        let out = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(causal_softmax_rows(
-                slice(v, layout, self.name())?,
-                t,
-                self.scale,
-            )),
-            CpuStorage::F64(v) => CpuStorage::F64(causal_softmax_rows(
-                slice(v, layout, self.name())?,
-                t,
-                self.scale,
-            )),
-            _ => bail!("causal-softmax: f32 or f64 only"),
-        };
+        let out = float_kernel!(self.name(); v = (storage, layout) => causal_softmax_rows(v, t, self.scale));
         Ok((out, layout.shape().clone()))
     }
 
@@ -244,21 +252,7 @@ impl CustomOp2 for SoftmaxBackward {
         }
         let cols = l1.dims().last().copied().unwrap_or(1);
         let n = self.name();
-        let out = match (s1, s2) {
-            (CpuStorage::F32(y), CpuStorage::F32(g)) => CpuStorage::F32(softmax_backward_rows(
-                slice(y, l1, n)?,
-                slice(g, l2, n)?,
-                cols,
-                self.scale,
-            )),
-            (CpuStorage::F64(y), CpuStorage::F64(g)) => CpuStorage::F64(softmax_backward_rows(
-                slice(y, l1, n)?,
-                slice(g, l2, n)?,
-                cols,
-                self.scale,
-            )),
-            _ => bail!("softmax-backward: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(n; y = (s1, l1), g = (s2, l2) => softmax_backward_rows(y, g, cols, self.scale));
         Ok((out, l1.shape().clone()))
     }
 }
@@ -285,11 +279,7 @@ impl CustomOp1 for GeluTanh {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(gelu_rows(slice(v, layout, self.name())?)),
-            CpuStorage::F64(v) => CpuStorage::F64(gelu_rows(slice(v, layout, self.name())?)),
-            _ => bail!("gelu-tanh: f32 or f64 only"),
-        };
+        let out = float_kernel!(self.name(); v = (storage, layout) => gelu_rows(v));
         Ok((out, layout.shape().clone()))
     }
 
@@ -333,15 +323,7 @@ impl CustomOp2 for GeluBackward {
             );
         }
         let n = self.name();
-        let out = match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(g)) => {
-                CpuStorage::F32(gelu_backward_rows(slice(x, l1, n)?, slice(g, l2, n)?))
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(g)) => {
-                CpuStorage::F64(gelu_backward_rows(slice(x, l1, n)?, slice(g, l2, n)?))
-            }
-            _ => bail!("gelu-backward: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(n; x = (s1, l1), g = (s2, l2) => gelu_backward_rows(x, g));
         Ok((out, l1.shape().clone()))
     }
 }
@@ -395,15 +377,7 @@ impl CustomOp2 for AddBias {
             );
         }
         let n = self.name();
-        let out = match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(b)) => {
-                CpuStorage::F32(add_bias_rows(slice(x, l1, n)?, slice(b, l2, n)?))
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(b)) => {
-                CpuStorage::F64(add_bias_rows(slice(x, l1, n)?, slice(b, l2, n)?))
-            }
-            _ => bail!("add-bias: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(n; x = (s1, l1), b = (s2, l2) => add_bias_rows(x, b));
         Ok((out, l1.shape().clone()))
     }
 
@@ -452,11 +426,7 @@ impl CustomOp1 for SumRows {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let (_, c) = layout.shape().dims2()?;
         let n = self.name();
-        let out = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(sum_rows(slice(v, layout, n)?, c)?),
-            CpuStorage::F64(v) => CpuStorage::F64(sum_rows(slice(v, layout, n)?, c)?),
-            _ => bail!("sum-rows: f32 or f64 only"),
-        };
+        let out = float_kernel!(n; v = (storage, layout) => sum_rows(v, c)?);
         Ok((out, Shape::from(c)))
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use super::cpu_gemm::{gemm_into, try_for_each, SharedMut, View};
-use super::fused::{slice, Real};
+use super::fused::{float_kernel, Real};
 
 /// cos/sin tables of rotary positions, (max_T, head_dim/2) each, row-major.
 #[derive(Debug)]
@@ -247,15 +247,7 @@ impl CustomOp1 for CausalAttention {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let dims = self.dims(layout)?;
-        let out = match storage {
-            CpuStorage::F32(v) => {
-                CpuStorage::F32(self.forward(slice(v, layout, self.name())?, dims)?)
-            }
-            CpuStorage::F64(v) => {
-                CpuStorage::F64(self.forward(slice(v, layout, self.name())?, dims)?)
-            }
-            _ => bail!("fused-attention: f32 or f64 only"),
-        };
+        let out = float_kernel!(self.name(); v = (storage, layout) => self.forward(v, dims)?);
         Ok((out, Shape::from((dims.b, dims.t, dims.d()))))
     }
 
@@ -419,15 +411,7 @@ impl CustomOp2 for AttentionBackward {
             );
         }
         let n = self.name();
-        let out = match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(g)) => {
-                CpuStorage::F32(self.backward(slice(x, l1, n)?, slice(g, l2, n)?, dims)?)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(g)) => {
-                CpuStorage::F64(self.backward(slice(x, l1, n)?, slice(g, l2, n)?, dims)?)
-            }
-            _ => bail!("fused-attention-backward: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(n; x = (s1, l1), g = (s2, l2) => self.backward(x, g, dims)?);
         Ok((out, l1.shape().clone()))
     }
 }

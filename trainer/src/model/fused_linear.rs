@@ -10,7 +10,7 @@
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::cpu_gemm::{gemm_into, try_for_each, SharedMut, View};
-use super::fused::{slice, sum_rows_op, Real};
+use super::fused::{float_kernel, sum_rows_op, Real};
 
 /// Splits `rows` into about one block per thread (at least 16 rows each) and runs
 /// `f(first_row, end_row)` for each, in parallel when there is enough work.
@@ -150,25 +150,7 @@ impl CustomOp3 for LinearBias {
         if l3.dims() != [d_out] {
             bail!("{name}: bias {:?} for {d_out} outputs", l3.dims());
         }
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
-                CpuStorage::F32(forward(
-                    slice(x, l1, name)?,
-                    slice(w, l2, name)?,
-                    Some(slice(b, l3, name)?),
-                    (n, d_in, d_out),
-                )?)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(b)) => {
-                CpuStorage::F64(forward(
-                    slice(x, l1, name)?,
-                    slice(w, l2, name)?,
-                    Some(slice(b, l3, name)?),
-                    (n, d_in, d_out),
-                )?)
-            }
-            _ => bail!("{name}: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(name; x = (s1, l1), w = (s2, l2), b = (s3, l3) => forward(x, w, Some(b), (n, d_in, d_out))?);
         Ok((out, Shape::from((n, d_out))))
     }
 
@@ -206,21 +188,7 @@ impl CustomOp2 for LinearNoBias {
     ) -> Result<(CpuStorage, Shape)> {
         let name = self.name();
         let (n, d_in, d_out) = check(name, l1, l2)?;
-        let out = match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(w)) => CpuStorage::F32(forward(
-                slice(x, l1, name)?,
-                slice(w, l2, name)?,
-                None,
-                (n, d_in, d_out),
-            )?),
-            (CpuStorage::F64(x), CpuStorage::F64(w)) => CpuStorage::F64(forward(
-                slice(x, l1, name)?,
-                slice(w, l2, name)?,
-                None,
-                (n, d_in, d_out),
-            )?),
-            _ => bail!("{name}: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(name; x = (s1, l1), w = (s2, l2) => forward(x, w, None, (n, d_in, d_out))?);
         Ok((out, Shape::from((n, d_out))))
     }
 
@@ -263,19 +231,8 @@ impl CustomOp2 for GradInput {
                 l2.dims()
             );
         }
-        let out = match (s1, s2) {
-            (CpuStorage::F32(g), CpuStorage::F32(w)) => CpuStorage::F32(grad_input(
-                slice(g, l1, name)?,
-                slice(w, l2, name)?,
-                (n, d_in, d_out),
-            )?),
-            (CpuStorage::F64(g), CpuStorage::F64(w)) => CpuStorage::F64(grad_input(
-                slice(g, l1, name)?,
-                slice(w, l2, name)?,
-                (n, d_in, d_out),
-            )?),
-            _ => bail!("{name}: f32 or f64 only, same dtype"),
-        };
+        let out =
+            float_kernel!(name; g = (s1, l1), w = (s2, l2) => grad_input(g, w, (n, d_in, d_out))?);
         Ok((out, Shape::from((n, d_in))))
     }
 }
@@ -301,19 +258,8 @@ impl CustomOp2 for GradWeight {
         if x_n != n {
             bail!("{name}: gradient {:?} for input {:?}", l1.dims(), l2.dims());
         }
-        let out = match (s1, s2) {
-            (CpuStorage::F32(g), CpuStorage::F32(x)) => CpuStorage::F32(grad_weight(
-                slice(g, l1, name)?,
-                slice(x, l2, name)?,
-                (n, d_in, d_out),
-            )?),
-            (CpuStorage::F64(g), CpuStorage::F64(x)) => CpuStorage::F64(grad_weight(
-                slice(g, l1, name)?,
-                slice(x, l2, name)?,
-                (n, d_in, d_out),
-            )?),
-            _ => bail!("{name}: f32 or f64 only, same dtype"),
-        };
+        let out =
+            float_kernel!(name; g = (s1, l1), x = (s2, l2) => grad_weight(g, x, (n, d_in, d_out))?);
         Ok((out, Shape::from((d_out, d_in))))
     }
 }

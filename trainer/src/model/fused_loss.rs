@@ -5,7 +5,7 @@
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::cpu_gemm::{try_for_each, SharedMut};
-use super::fused::{slice, Real};
+use super::fused::{float_kernel, slice, Real};
 
 /// (N, V) logits, (N,) u32 targets → (N,) losses logsumexp(row) − row[target].
 #[derive(Debug, Clone, Copy)]
@@ -81,11 +81,7 @@ impl CustomOp2 for CrossEntropyRows {
             bail!("cross-entropy: targets must be u32");
         };
         let t = slice(t, l2, name)?;
-        let out = match s1 {
-            CpuStorage::F32(x) => CpuStorage::F32(ce_rows(slice(x, l1, name)?, t, v)?),
-            CpuStorage::F64(x) => CpuStorage::F64(ce_rows(slice(x, l1, name)?, t, v)?),
-            _ => bail!("cross-entropy: f32 or f64 logits only"),
-        };
+        let out = float_kernel!(name; x = (s1, l1) => ce_rows(x, t, v)?);
         Ok((out, Shape::from(n)))
     }
 
@@ -156,21 +152,7 @@ impl CustomOp3 for CrossEntropyBackward {
             bail!("cross-entropy-backward: targets must be u32");
         };
         let t = slice(t, l2, name)?;
-        let out = match (s1, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(g)) => CpuStorage::F32(ce_backward_rows(
-                slice(x, l1, name)?,
-                t,
-                slice(g, l3, name)?,
-                v,
-            )?),
-            (CpuStorage::F64(x), CpuStorage::F64(g)) => CpuStorage::F64(ce_backward_rows(
-                slice(x, l1, name)?,
-                t,
-                slice(g, l3, name)?,
-                v,
-            )?),
-            _ => bail!("cross-entropy-backward: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(name; x = (s1, l1), g = (s3, l3) => ce_backward_rows(x, t, g, v)?);
         Ok((out, l1.shape().clone()))
     }
 }

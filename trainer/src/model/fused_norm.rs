@@ -4,7 +4,7 @@
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::cpu_gemm::{try_for_each, SharedMut};
-use super::fused::{for_each_row, slice, Real};
+use super::fused::{float_kernel, for_each_row, Real};
 
 /// (x − mean) / √(var + eps) · weight + bias over the last dim of x (N, C).
 #[derive(Debug, Clone, Copy)]
@@ -65,17 +65,7 @@ impl CustomOp3 for LayerNormOp {
             );
         }
         let n = self.name();
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
-                let (x, w, b) = (slice(x, l1, n)?, slice(w, l2, n)?, slice(b, l3, n)?);
-                CpuStorage::F32(layer_norm_rows(x, w, b, self.eps))
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(b)) => {
-                let (x, w, b) = (slice(x, l1, n)?, slice(w, l2, n)?, slice(b, l3, n)?);
-                CpuStorage::F64(layer_norm_rows(x, w, b, self.eps))
-            }
-            _ => bail!("layer-norm: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), b = (s3, l3) => layer_norm_rows(x, w, b, self.eps));
         Ok((out, l1.shape().clone()))
     }
 
@@ -186,17 +176,7 @@ impl CustomOp3 for LayerNormBackward {
             );
         }
         let n = self.name();
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
-                let (x, w, g) = (slice(x, l1, n)?, slice(w, l2, n)?, slice(g, l3, n)?);
-                CpuStorage::F32(layer_norm_backward_rows(x, w, g, self.eps)?)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
-                let (x, w, g) = (slice(x, l1, n)?, slice(w, l2, n)?, slice(g, l3, n)?);
-                CpuStorage::F64(layer_norm_backward_rows(x, w, g, self.eps)?)
-            }
-            _ => bail!("layer-norm-backward: f32 or f64 only, same dtype"),
-        };
+        let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), g = (s3, l3) => layer_norm_backward_rows(x, w, g, self.eps)?);
         Ok((out, Shape::from((rows + 2, c))))
     }
 }
