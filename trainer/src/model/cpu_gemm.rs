@@ -48,6 +48,13 @@ impl View {
             cs: self.rs,
         }
     }
+    /// The same matrix without its first `r` rows.
+    pub(crate) fn skip_rows(self, r: usize) -> Self {
+        View {
+            off: self.off + r * self.rs,
+            ..self
+        }
+    }
     /// The highest index an (m, n) matrix at this view touches.
     fn last(&self, m: usize, n: usize) -> usize {
         self.off + (m.max(1) - 1) * self.rs + (n.max(1) - 1) * self.cs

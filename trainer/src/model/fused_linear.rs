@@ -26,6 +26,43 @@ fn for_each_row_block(
     })
 }
 
+/// out (rows, cols) = lhs (rows, k) · rhs (k, cols) [+ bias on every row], in blocks of rows,
+/// each block one single-threaded GEMM (starting from the bias when there is one).
+fn product_by_row_blocks<T: Real>(
+    (rows, cols, k): (usize, usize, usize),
+    lhs: &[T],
+    lv: View,
+    rhs: &[T],
+    rv: View,
+    bias: Option<&[T]>,
+) -> Result<Vec<T>> {
+    let mut out = vec![T::zero(); rows * cols];
+    let len = out.len();
+    let ptr = SharedMut(out.as_mut_ptr());
+    for_each_row_block(rows, cols * k, |r0, r1| {
+        if let Some(b) = bias {
+            for r in r0..r1 {
+                // SAFETY: rows r0..r1 of the output belong to this block alone.
+                let row = unsafe { std::slice::from_raw_parts_mut(ptr.ptr().add(r * cols), cols) };
+                row.copy_from_slice(b);
+            }
+        }
+        gemm_into(
+            (r1 - r0, cols, k),
+            ptr.ptr(),
+            len,
+            View::rows(r0 * cols, cols),
+            lhs,
+            lv.skip_rows(r0),
+            rhs,
+            rv,
+            T::one(),
+            bias.is_some(),
+        )
+    })?;
+    Ok(out)
+}
+
 /// y (n, out) = x (n, in) · Wᵀ [+ b], W (out, in).
 fn forward<T: Real>(
     x: &[T],
@@ -33,32 +70,8 @@ fn forward<T: Real>(
     b: Option<&[T]>,
     (n, d_in, d_out): (usize, usize, usize),
 ) -> Result<Vec<T>> {
-    let mut y = vec![T::zero(); n * d_out];
-    let len = y.len();
-    let out = SharedMut(y.as_mut_ptr());
-    for_each_row_block(n, d_in * d_out, |r0, r1| {
-        if let Some(b) = b {
-            for r in r0..r1 {
-                // SAFETY: rows r0..r1 of y belong to this block alone.
-                let row =
-                    unsafe { std::slice::from_raw_parts_mut(out.ptr().add(r * d_out), d_out) };
-                row.copy_from_slice(b);
-            }
-        }
-        gemm_into(
-            (r1 - r0, d_out, d_in),
-            out.ptr(),
-            len,
-            View::rows(r0 * d_out, d_out),
-            x,
-            View::rows(r0 * d_in, d_in),
-            w,
-            View::rows(0, d_in).transposed(),
-            T::one(),
-            b.is_some(),
-        )
-    })?;
-    Ok(y)
+    let wt = View::rows(0, d_in).transposed();
+    product_by_row_blocks((n, d_out, d_in), x, View::rows(0, d_in), w, wt, b)
 }
 
 /// dx (n, in) = g (n, out) · W (out, in).
@@ -67,24 +80,14 @@ fn grad_input<T: Real>(
     w: &[T],
     (n, d_in, d_out): (usize, usize, usize),
 ) -> Result<Vec<T>> {
-    let mut dx = vec![T::zero(); n * d_in];
-    let len = dx.len();
-    let out = SharedMut(dx.as_mut_ptr());
-    for_each_row_block(n, d_in * d_out, |r0, r1| {
-        gemm_into(
-            (r1 - r0, d_in, d_out),
-            out.ptr(),
-            len,
-            View::rows(r0 * d_in, d_in),
-            g,
-            View::rows(r0 * d_out, d_out),
-            w,
-            View::rows(0, d_in),
-            T::one(),
-            false,
-        )
-    })?;
-    Ok(dx)
+    product_by_row_blocks(
+        (n, d_in, d_out),
+        g,
+        View::rows(0, d_out),
+        w,
+        View::rows(0, d_in),
+        None,
+    )
 }
 
 /// dW (out, in) = gᵀ (out, n) · x (n, in); blocks of W's rows, each summing over all n.
@@ -93,24 +96,8 @@ fn grad_weight<T: Real>(
     x: &[T],
     (n, d_in, d_out): (usize, usize, usize),
 ) -> Result<Vec<T>> {
-    let mut dw = vec![T::zero(); d_out * d_in];
-    let len = dw.len();
-    let out = SharedMut(dw.as_mut_ptr());
-    for_each_row_block(d_out, n * d_in, |j0, j1| {
-        gemm_into(
-            (j1 - j0, d_in, n),
-            out.ptr(),
-            len,
-            View::rows(j0 * d_in, d_in),
-            g,
-            View::rows(j0, d_out).transposed(),
-            x,
-            View::rows(0, d_in),
-            T::one(),
-            false,
-        )
-    })?;
-    Ok(dw)
+    let gt = View::rows(0, d_out).transposed();
+    product_by_row_blocks((d_out, d_in, n), g, gt, x, View::rows(0, d_in), None)
 }
 
 /// (n, in) and (out, in) shapes of a call, checked against each other.
