@@ -24,7 +24,6 @@ pub fn use_fused(x: &Tensor) -> bool {
 /// The float types the kernels support. f32 runs the vectorised kernels of `simd`; f64 (used
 /// by the finite-difference gradient checks) keeps plain scalar code with libm.
 pub(crate) trait Real: WithDType {
-    fn exp(self) -> Self;
     /// xs ← e^xs.
     fn exp_slice(xs: &mut [Self]);
     /// Σ xs.
@@ -38,9 +37,6 @@ pub(crate) trait Real: WithDType {
 }
 
 impl Real for f32 {
-    fn exp(self) -> Self {
-        super::simd::exp(self)
-    }
     fn exp_slice(xs: &mut [Self]) {
         super::simd::exp_inplace(xs)
     }
@@ -62,9 +58,6 @@ const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044_715;
 
 impl Real for f64 {
-    fn exp(self) -> Self {
-        f64::exp(self)
-    }
     fn exp_slice(xs: &mut [Self]) {
         for v in xs {
             *v = v.exp();

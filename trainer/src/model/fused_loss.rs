@@ -11,8 +11,8 @@ use super::fused::{float_kernel, slice, Real};
 #[derive(Debug, Clone, Copy)]
 struct CrossEntropyRows;
 
-/// Row max and log Σ exp(x − max); `scratch` (the row's length) ends holding exp(x − max).
-fn max_and_lse<T: Real>(row: &[T], scratch: &mut [T]) -> (T, T) {
+/// Row max and Σ exp(x − max); `scratch` (the row's length) ends holding exp(x − max).
+fn max_and_exp_sum<T: Real>(row: &[T], scratch: &mut [T]) -> (T, T) {
     let mut max = row[0];
     for &v in &row[1..] {
         if v > max {
@@ -23,8 +23,7 @@ fn max_and_lse<T: Real>(row: &[T], scratch: &mut [T]) -> (T, T) {
         *s = v - max;
     }
     T::exp_slice(scratch);
-    let sum = T::sum_slice(scratch);
-    (max, T::from_f64(sum.to_f64().ln()))
+    (max, T::sum_slice(scratch))
 }
 
 fn check_target(t: u32, v: usize) -> Result<usize> {
@@ -47,7 +46,8 @@ fn ce_rows<T: Real>(x: &[T], targets: &[u32], v: usize) -> Result<Vec<T>> {
         for r in blk * BLOCK_ROWS..n.min((blk + 1) * BLOCK_ROWS) {
             let row = &x[r * v..(r + 1) * v];
             let t = check_target(targets[r], v)?;
-            let (max, lse) = max_and_lse(row, &mut scratch);
+            let (max, sum) = max_and_exp_sum(row, &mut scratch);
+            let lse = T::from_f64(sum.to_f64().ln());
             // SAFETY: row r's loss is written by its block alone.
             unsafe { *out_ptr.ptr().add(r) = lse - (row[t] - max) };
         }
@@ -111,9 +111,9 @@ fn ce_backward_rows<T: Real>(x: &[T], targets: &[u32], g: &[T], v: usize) -> Res
             let t = check_target(targets[r], v)?;
             // SAFETY: row r of the gradient is written by its block alone.
             let d = unsafe { std::slice::from_raw_parts_mut(out_ptr.ptr().add(r * v), v) };
-            // d holds exp(x − max) after this; softmax = that / e^lse.
-            let (_, lse) = max_and_lse(&x[r * v..(r + 1) * v], d);
-            let scale = g[r] / lse.exp();
+            // d holds exp(x − max) after this; softmax = that / its sum.
+            let (_, sum) = max_and_exp_sum(&x[r * v..(r + 1) * v], d);
+            let scale = g[r] / sum;
             for di in d.iter_mut() {
                 *di *= scale;
             }
