@@ -170,20 +170,14 @@ unsafe fn pack_b(b: Operand, pc: usize, kc: usize, jc: usize, nc: usize, out: &m
 }
 
 /// Packs A[ic.., pc..] (mc × kc) into panels of MR rows: panel q holds, for each p, the MR
-/// values A[ic + q·MR + r, pc + p], zero-padded past mc.
+/// values A[ic + q·MR + r, pc + p], zero-padded past mc. Only partial last panels and layouts
+/// with neither unit stride come here; `sgemm` reads full row-major or transposed panels in
+/// place.
 #[cfg(target_arch = "x86_64")]
 unsafe fn pack_a(a: Operand, ic: usize, mc: usize, pc: usize, kc: usize, out: &mut [f32]) {
     for (q, ir) in (0..mc).step_by(MR).enumerate() {
         let rows = MR.min(mc - ir);
         let panel = &mut out[q * MR * kc..(q + 1) * MR * kc];
-        if a.rs == 1 && rows == MR {
-            // Transposed operand: each k step's MR values are adjacent.
-            for p in 0..kc {
-                let src = a.ptr.add(ic + ir + (pc + p) * a.cs);
-                std::ptr::copy_nonoverlapping(src, panel.as_mut_ptr().add(p * MR), MR);
-            }
-            continue;
-        }
         for r in 0..MR {
             if r < rows {
                 let row = a.ptr.add((ic + ir + r) * a.rs + pc * a.cs);
