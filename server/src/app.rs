@@ -135,7 +135,7 @@ pub fn app(state: AppState) -> Router {
         token: state.settings.admin_token.clone(),
     };
     Router::new()
-        .merge(http::health::router())
+        .merge(http::api::health::router())
         .nest("/api/v1", http::api_router(&state))
         .merge(http::pages::router(dashboard))
         .fallback(http::not_found)

@@ -1,7 +1,6 @@
 //! Trainyard server: tracking store, REST API, live events, dashboard and launcher.
 
 pub mod app;
-pub mod charts;
 pub mod cli;
 pub mod http;
 pub mod ingest;

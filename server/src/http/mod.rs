@@ -1,51 +1,17 @@
-//! The REST API v1: one module per resource, each with its `router()`, merged in `api_router`.
+//! The HTTP surface, in two rooms: `api/` (the JSON REST API v1, one module per resource) and
+//! `pages/` (the server-rendered dashboard). What both share lives here: the one error type, the
+//! JSON/query extractors and the access check.
 
+pub mod api;
 pub mod auth;
-pub mod checkpoints;
-pub mod compare_page;
 pub mod error;
-pub mod events;
-pub mod experiments;
-pub mod experts;
 pub mod extract;
-pub mod health;
-pub mod launch;
-pub mod launch_page;
-pub mod logs;
-pub mod metrics;
-pub mod openapi;
 pub mod pages;
-pub mod run_page;
-pub mod runs;
-pub mod runs_page;
-pub mod views;
 
 use axum::http::{Method, Uri};
-use axum::{middleware, Router};
 
-use crate::app::AppState;
+pub use api::api_router;
 pub use error::ApiError;
-
-/// Every `/api/v1` route (paths here are relative to that prefix), behind the bearer-token check.
-/// A new resource adds its module here and one `.merge(...)` line.
-pub fn api_router(state: &AppState) -> Router<AppState> {
-    Router::new()
-        .merge(experiments::router())
-        .merge(runs::router())
-        .merge(launch::router())
-        .merge(logs::router())
-        .merge(metrics::router())
-        .merge(experts::router())
-        .merge(events::router())
-        .merge(openapi::router())
-        .merge(crate::charts::router(state.store.clone()))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ))
-}
 
 /// JSON 404 for any path no router knows.
 pub async fn not_found(uri: Uri) -> ApiError {

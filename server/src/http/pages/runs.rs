@@ -1,7 +1,7 @@
 //! The runs table: the home page and one experiment's runs, filtered, sorted and paged on the
 //! server (the same search as `GET /api/v1/runs`).
 
-use super::pages::{html, Dashboard, PageResult};
+use super::{html, Dashboard, PageResult};
 use super::views::*;
 use crate::store::{Run, RunQuery, RunStatus, StoreError};
 use axum::extract::{Path, Query, State};

@@ -1,7 +1,7 @@
 //! The compare page: one metric overlaid across the selected runs, and their params side by
 //! side with the differing keys highlighted.
 
-use super::pages::{check_run_id, html, Dashboard, PageError, PageResult};
+use super::{check_run_id, html, Dashboard, PageError, PageResult};
 use super::views::*;
 use axum::extract::{Query, State};
 

@@ -3,10 +3,16 @@
 //! the API (stop, relaunch, launch) go through the API router in-process, so there is one
 //! implementation of each.
 
-use super::launch_page;
-use super::run_page::{relaunch_run, run_page, set_notes, set_tag, stop_run};
-use super::runs_page::{runs_home, runs_of_experiment};
-use super::views::*;
+pub mod checkpoints;
+pub mod compare;
+pub mod launch;
+pub mod run;
+pub mod runs;
+pub mod views;
+
+use run::{relaunch_run, run_page, set_notes, set_tag, stop_run};
+use runs::{runs_home, runs_of_experiment};
+use views::*;
 use crate::store::{DynStore, StoreError};
 use askama::Template;
 use axum::body::Body;
@@ -145,10 +151,10 @@ pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<
         .route("/runs/{id}/relaunch", post(relaunch_run))
         .route(
             "/runs/{id}/checkpoints/{name}",
-            get(super::checkpoints::download),
+            get(checkpoints::download),
         )
-        .route("/compare", get(super::compare_page::compare_page))
-        .route("/launch", get(launch_page::form).post(launch_page::submit))
+        .route("/compare", get(compare::compare_page))
+        .route("/launch", get(launch::form).post(launch::submit))
         .route_layer(axum::middleware::from_fn_with_state(
             dashboard.clone(),
             require_token,

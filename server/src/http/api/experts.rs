@@ -13,9 +13,9 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiQuery;
-use super::views::expert_key;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::extract::ApiQuery;
+use crate::http::pages::views::expert_key;
 use crate::app::AppState;
 use crate::store::SeriesPoint;
 
@@ -93,7 +93,7 @@ pub async fn expert_utilization(
     }
     // Each key is read at a resolution a little above the matrix's, so every kept row can be
     // filled from a real point at or just before its step.
-    let read_points = (max_steps * 2).clamp(2, crate::http::metrics::MAX_MAX_POINTS);
+    let read_points = (max_steps * 2).clamp(2, super::metrics::MAX_MAX_POINTS);
     let mut layers = Vec::with_capacity(experts_per_layer.len());
     for (layer, experts) in experts_per_layer {
         let mut columns = Vec::with_capacity(experts as usize);

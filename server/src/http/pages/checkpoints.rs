@@ -2,7 +2,7 @@
 //! inside `<run dir>/checkpoints/` are served (no separators, no dot files, no temp files, no
 //! symlinks leading out of the directory).
 
-use super::pages::{check_run_id, Dashboard, PageError, PageResult};
+use super::{check_run_id, Dashboard, PageError, PageResult};
 use super::views::{enc, fmt_bytes, fmt_time, CheckpointRow};
 use axum::body::Body;
 use axum::extract::{Path, State};

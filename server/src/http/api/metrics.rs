@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use trainer::wire::MetricBatch;
 
-use super::error::{ApiError, ErrorBody};
-use super::extract::{ApiJson, ApiQuery};
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::extract::{ApiJson, ApiQuery};
 use super::openapi::MetricBatchDoc;
 use crate::app::AppState;
 use crate::ingest::ingest_points;

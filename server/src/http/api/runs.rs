@@ -10,9 +10,9 @@ use serde::Deserialize;
 use tracing::instrument;
 use trainer::wire::RunPatch;
 
-use super::error::{ApiError, ErrorBody};
+use crate::http::error::{ApiError, ErrorBody};
 use super::experiments::validate_name;
-use super::extract::{ApiJson, ApiQuery};
+use crate::http::extract::{ApiJson, ApiQuery};
 use super::openapi::RunPatchDoc;
 use crate::app::AppState;
 use crate::status::change_status;

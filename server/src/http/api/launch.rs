@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use trainer::config::{Config, ConfigError};
 
-use super::error::{ApiError, ErrorBody};
+use crate::http::error::{ApiError, ErrorBody};
 use super::experiments::validate_name;
 use crate::app::AppState;
 use crate::launcher::{LaunchError, LaunchSpec, StopOutcome};

@@ -7,8 +7,8 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiJson;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::extract::ApiJson;
 use crate::app::AppState;
 use crate::store::Experiment;
 

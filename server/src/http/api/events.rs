@@ -21,8 +21,8 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::instrument;
 
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiQuery;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::extract::ApiQuery;
 use crate::app::AppState;
 use crate::live::{RunMessage, RunSubscription};
 use crate::store::{RunEvent, StoreError, StoredPoint};

@@ -5,7 +5,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::error::ApiError;
+use crate::http::error::ApiError;
 use crate::app::AppState;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -22,7 +22,7 @@ pub fn router() -> Router<AppState> {
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "health",
-    responses((status = 200, body = Health), (status = 500, body = super::error::ErrorBody)))]
+    responses((status = 200, body = Health), (status = 500, body = crate::http::error::ErrorBody)))]
 pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     // A cheap read proves the database connection works.
     state.store.list_experiments().await?;

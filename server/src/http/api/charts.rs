@@ -226,8 +226,8 @@ where
                 .axis_style(axis)
                 .label_style(("sans-serif", 12).into_font().color(&axis))
                 .x_desc("step")
-                .y_label_formatter(&|v| crate::http::views::fmt_value(*v))
-                .x_label_formatter(&|v| crate::http::views::fmt_value(*v))
+                .y_label_formatter(&|v| crate::http::pages::views::fmt_value(*v))
+                .x_label_formatter(&|v| crate::http::pages::views::fmt_value(*v))
                 .draw()
                 .map_err(err)?;
             for (i, line) in lines.iter().enumerate() {

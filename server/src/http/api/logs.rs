@@ -16,8 +16,8 @@ use serde::Deserialize;
 use tokio::sync::broadcast::error::RecvError;
 use tracing::instrument;
 
-use super::error::{ApiError, ErrorBody};
-use super::extract::ApiQuery;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::extract::ApiQuery;
 use crate::app::AppState;
 use crate::launcher::logs::{read_from, read_tail, LogEvent, LogSlice};
 

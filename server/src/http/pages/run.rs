@@ -1,8 +1,8 @@
 //! One run's page and the actions it offers (tags, notes, stop, relaunch), which go through
 //! the API in-process.
 
-use super::launch_page;
-use super::pages::{api_patch, api_result, check_run_id, html, Dashboard, PageError, PageResult};
+use super::launch;
+use super::{api_patch, api_result, check_run_id, html, Dashboard, PageError, PageResult};
 use super::views::*;
 use crate::store::RunStatus;
 use axum::extract::{Form, Path, State};
@@ -150,7 +150,7 @@ pub(super) async fn relaunch_run(State(d): State<Dashboard>, Path(id): Path<Stri
         .get("gpus")
         .and_then(|g| g.parse::<u32>().ok())
         .unwrap_or(0);
-    let body = launch_page::launch_body(
+    let body = launch::launch_body(
         &run.experiment_id,
         Some(&format!("{}-relaunch", run.name)),
         config,
