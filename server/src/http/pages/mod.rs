@@ -10,9 +10,6 @@ pub mod run;
 pub mod runs;
 pub mod views;
 
-use run::{relaunch_run, run_page, set_notes, set_tag, stop_run};
-use runs::{runs_home, runs_of_experiment};
-use views::*;
 use crate::store::{DynStore, StoreError};
 use askama::Template;
 use axum::body::Body;
@@ -21,8 +18,11 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use run::{relaunch_run, run_page, set_notes, set_tag, stop_run};
+use runs::{runs_home, runs_of_experiment};
 use std::path::PathBuf;
 use tower::ServiceExt;
+use views::*;
 
 /// What the pages need: the store, where run directories live, and the API router (with its
 /// state) for actions.
@@ -149,10 +149,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<
         .route("/runs/{id}/notes", post(set_notes))
         .route("/runs/{id}/stop", post(stop_run))
         .route("/runs/{id}/relaunch", post(relaunch_run))
-        .route(
-            "/runs/{id}/checkpoints/{name}",
-            get(checkpoints::download),
-        )
+        .route("/runs/{id}/checkpoints/{name}", get(checkpoints::download))
         .route("/compare", get(compare::compare_page))
         .route("/launch", get(launch::form).post(launch::submit))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -196,37 +193,37 @@ const ASSETS: &[(&str, &str, &str)] = &[
     (
         "app.css",
         "text/css; charset=utf-8",
-        include_str!("../../../static/app.css"),
+        include_str!("../../../../static/app.css"),
     ),
     (
         "chart.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../../static/chart.js"),
+        include_str!("../../../../static/chart.js"),
     ),
     (
         "heatmap.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../../static/heatmap.js"),
+        include_str!("../../../../static/heatmap.js"),
     ),
     (
         "live.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../../static/live.js"),
+        include_str!("../../../../static/live.js"),
     ),
     (
         "run.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../../static/run.js"),
+        include_str!("../../../../static/run.js"),
     ),
     (
         "runs.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../../static/runs.js"),
+        include_str!("../../../../static/runs.js"),
     ),
     (
         "compare.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../../static/compare.js"),
+        include_str!("../../../../static/compare.js"),
     ),
 ];
 
