@@ -426,3 +426,91 @@ async fn relaunching_a_run_creates_a_new_run_with_its_config() {
     assert_eq!(run["tags"]["relaunch_of"], id.as_str());
     assert_eq!(run["params"]["training.max_steps"], "20");
 }
+
+/// The run names of a runs-table page, in the order the table shows them.
+fn names_in_order(html: &str, names: &[&str]) -> Vec<String> {
+    let mut found: Vec<(usize, String)> = names
+        .iter()
+        .filter_map(|n| html.find(&format!(">{n}<")).map(|at| (at, n.to_string())))
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, n)| n).collect()
+}
+
+#[tokio::test]
+async fn the_api_and_the_runs_page_accept_the_same_sort_keys_and_page_sizes() {
+    let app = spawn_app().await;
+    let names = ["sort-bravo", "sort-alpha", "sort-charlie"];
+    for (i, name) in names.iter().enumerate() {
+        let id = app
+            .create_run(json!({"experiment": "sorting", "name": name}))
+            .await;
+        app.post_points(
+            &id,
+            json!([{"key": "loss", "step": 0, "value": 3.0 - i as f64}]),
+        )
+        .await;
+    }
+    let sorts = [
+        "",
+        "name",
+        "+name",
+        "-name",
+        "created_at",
+        "-created_at",
+        "status",
+        "-status",
+        "metrics.loss",
+        "-metrics.loss",
+        "params.x",
+        "bogus",
+        "params.",
+        "latest.loss",
+    ];
+    let limits = ["", "1", "2", "1000", "0", "1001", "ten", "-1"];
+    for sort in sorts {
+        for limit in limits {
+            let query = format!(
+                "experiment=sorting&sort={}&limit={limit}",
+                sort.replace('+', "%2B")
+            );
+            let res = app
+                .http
+                .get(app.url(&format!("/api/v1/runs?{query}")))
+                .send()
+                .await
+                .expect("api");
+            let api_status = res.status().as_u16();
+            let body: serde_json::Value = res.json().await.expect("json");
+            let (page_status, html) = get_text(&app, &format!("/?{query}")).await;
+            assert_eq!(page_status, 200, "page ?{query}");
+            match api_status {
+                200 => {
+                    let api_names: Vec<String> = body["runs"]
+                        .as_array()
+                        .expect("runs")
+                        .iter()
+                        .map(|r| r["name"].as_str().unwrap_or("").to_string())
+                        .collect();
+                    assert!(
+                        !html.contains("role=\"alert\""),
+                        "page ?{query} shows no error"
+                    );
+                    assert_eq!(names_in_order(&html, &names), api_names, "?{query}");
+                }
+                400 => {
+                    let field = body["error"]["field"].as_str().expect("field").to_string();
+                    assert!(
+                        html.contains("role=\"alert\""),
+                        "page ?{query} shows an error"
+                    );
+                    assert!(
+                        html.contains(&format!("{field}:")),
+                        "page ?{query} names {field}"
+                    );
+                }
+                other => panic!("api ?{query} answered {other}"),
+            }
+        }
+    }
+}
