@@ -5,6 +5,9 @@
 //! Run: `cargo bench -p trainyard --bench dashboard` (needs Debian's chromium + chromium-driver).
 
 #[allow(dead_code)]
+#[path = "../tests/kit/mod.rs"]
+mod kit;
+#[allow(dead_code)]
 #[path = "../../tests/browser/support.rs"]
 mod support;
 

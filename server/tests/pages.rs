@@ -2,6 +2,9 @@
 //! checkpoint downloads and rendered charts.
 
 #[allow(dead_code)]
+#[path = "kit/mod.rs"]
+mod kit;
+#[allow(dead_code)]
 #[path = "../../tests/browser/support.rs"]
 mod support;
 

@@ -2,6 +2,9 @@
 //! Scenarios wrapped in `on_both_backends!` run once on SQLite and once on Postgres.
 
 mod helpers;
+#[allow(dead_code)]
+#[path = "../kit/mod.rs"]
+mod kit;
 
 mod auth;
 mod cli;

@@ -2,6 +2,9 @@
 //! restarts, stop), logs, custom commands, and surviving a server SIGKILL.
 
 mod helpers;
+#[allow(dead_code)]
+#[path = "../kit/mod.rs"]
+mod kit;
 mod restart;
 mod trainer;
 

@@ -3,6 +3,10 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`); when it is unreachable the Postgres cases
 //! fail, they are never skipped.
 
+#[allow(dead_code)]
+#[path = "../kit/mod.rs"]
+mod kit;
+
 mod harness;
 
 mod downsampling;
