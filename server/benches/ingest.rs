@@ -14,6 +14,8 @@
 //! `TRAINYARD_BENCH_BACKENDS` (default `sqlite,postgres`), `TRAINYARD_BENCH_QUERY_REPEATS`
 //! (default 50), `TEST_DATABASE_URL` (Postgres server; a fresh database is created and dropped).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 #[allow(dead_code)]
 #[path = "../tests/kit/mod.rs"]
 mod kit;

@@ -4,6 +4,8 @@
 //! `cargo bench -p trainyard --bench store --profile dev` (Postgres from `TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; a scratch database is created and dropped).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 #[allow(dead_code)]
 #[path = "../tests/kit/mod.rs"]
 mod kit;

@@ -1,6 +1,8 @@
 //! The dashboard over plain HTTP (no JavaScript): server-rendered pages, escaping, pagination,
 //! checkpoint downloads and rendered charts.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 #[allow(dead_code)]
 #[path = "kit/mod.rs"]
 mod kit;
