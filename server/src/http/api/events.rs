@@ -21,9 +21,9 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::instrument;
 
+use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
-use crate::app::AppState;
 use crate::live::{RunMessage, RunSubscription};
 use crate::store::{RunEvent, StoreError, StoredPoint};
 

@@ -7,9 +7,9 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
+use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiJson;
-use crate::app::AppState;
 use crate::store::Experiment;
 
 /// Longest experiment or run name accepted.

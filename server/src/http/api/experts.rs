@@ -13,10 +13,10 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
+use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
 use crate::http::pages::views::expert_key;
-use crate::app::AppState;
 use crate::store::SeriesPoint;
 
 /// Matrix rows returned when `max_steps` is absent, and the most allowed.

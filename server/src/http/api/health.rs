@@ -5,8 +5,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use crate::http::error::ApiError;
 use crate::app::AppState;
+use crate::http::error::ApiError;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Health {

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use trainer::config::{Config, ConfigError};
 
-use crate::http::error::{ApiError, ErrorBody};
 use super::experiments::validate_name;
 use crate::app::AppState;
+use crate::http::error::{ApiError, ErrorBody};
 use crate::launcher::{LaunchError, LaunchSpec, StopOutcome};
 use crate::store::{NewRun, Run, DEFAULT_EXPERIMENT};
 

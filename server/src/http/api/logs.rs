@@ -16,9 +16,9 @@ use serde::Deserialize;
 use tokio::sync::broadcast::error::RecvError;
 use tracing::instrument;
 
+use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
-use crate::app::AppState;
 use crate::launcher::logs::{read_from, read_tail, LogEvent, LogSlice};
 
 /// How often a follower re-checks whether the run has ended (covers runs stopped while queued).

@@ -7,10 +7,10 @@ use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use trainer::wire::MetricBatch;
 
-use crate::http::error::{ApiError, ErrorBody};
-use crate::http::extract::{ApiJson, ApiQuery};
 use super::openapi::MetricBatchDoc;
 use crate::app::AppState;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::extract::{ApiJson, ApiQuery};
 use crate::ingest::ingest_points;
 use crate::store::{MetricKey, Series};
 

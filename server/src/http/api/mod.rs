@@ -36,4 +36,3 @@ pub fn api_router(state: &AppState) -> Router<AppState> {
             crate::http::auth::require_token,
         ))
 }
-

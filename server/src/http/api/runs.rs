@@ -10,11 +10,11 @@ use serde::Deserialize;
 use tracing::instrument;
 use trainer::wire::RunPatch;
 
-use crate::http::error::{ApiError, ErrorBody};
 use super::experiments::validate_name;
-use crate::http::extract::{ApiJson, ApiQuery};
 use super::openapi::RunPatchDoc;
 use crate::app::AppState;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::extract::{ApiJson, ApiQuery};
 use crate::status::change_status;
 use crate::store::filter::Filter;
 use crate::store::{

@@ -2,8 +2,8 @@
 //! inside `<run dir>/checkpoints/` are served (no separators, no dot files, no temp files, no
 //! symlinks leading out of the directory).
 
-use super::{check_run_id, Dashboard, PageError, PageResult};
 use super::views::{enc, fmt_bytes, fmt_time, CheckpointRow};
+use super::{check_run_id, Dashboard, PageError, PageResult};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, Request};

@@ -1,8 +1,8 @@
 //! The compare page: one metric overlaid across the selected runs, and their params side by
 //! side with the differing keys highlighted.
 
-use super::{check_run_id, html, Dashboard, PageError, PageResult};
 use super::views::*;
+use super::{check_run_id, html, Dashboard, PageError, PageResult};
 use axum::extract::{Query, State};
 
 // ---------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 //! config is checked here first (so errors show inline at the offending YAML line), then the run
 //! is created through `POST /api/v1/runs`, which validates again and queues it for the launcher.
 
-use super::{api_message, html, Dashboard, PageError, PageResult};
 use super::views::*;
+use super::{api_message, html, Dashboard, PageError, PageResult};
 use axum::extract::{Form, Query, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Redirect};

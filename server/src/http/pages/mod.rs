@@ -11,9 +11,6 @@ pub mod run;
 pub mod runs;
 pub mod views;
 
-use run::{relaunch_run, run_page, set_notes, set_tag, stop_run};
-use runs::{runs_home, runs_of_experiment};
-use views::*;
 use crate::store::{DynStore, StoreError};
 use askama::Template;
 use axum::body::Body;
@@ -22,8 +19,11 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use run::{relaunch_run, run_page, set_notes, set_tag, stop_run};
+use runs::{runs_home, runs_of_experiment};
 use std::path::PathBuf;
 use tower::ServiceExt;
+use views::*;
 
 /// What the pages need: the store, where run directories live, and the API router (with its
 /// state) for actions.
@@ -150,10 +150,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<
         .route("/runs/{id}/notes", post(set_notes))
         .route("/runs/{id}/stop", post(stop_run))
         .route("/runs/{id}/relaunch", post(relaunch_run))
-        .route(
-            "/runs/{id}/checkpoints/{name}",
-            get(checkpoints::download),
-        )
+        .route("/runs/{id}/checkpoints/{name}", get(checkpoints::download))
         .route("/compare", get(compare::compare_page))
         .route("/launch", get(launch::form).post(launch::submit))
         .route_layer(axum::middleware::from_fn_with_state(

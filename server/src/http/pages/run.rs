@@ -2,8 +2,8 @@
 //! the API in-process.
 
 use super::launch;
-use super::{api_patch, api_result, check_run_id, html, Dashboard, PageError, PageResult};
 use super::views::*;
+use super::{api_patch, api_result, check_run_id, html, Dashboard, PageError, PageResult};
 use crate::store::RunStatus;
 use axum::extract::{Form, Path, State};
 use axum::http::Method;

@@ -1,8 +1,8 @@
 //! The runs table: the home page and one experiment's runs, filtered, sorted and paged on the
 //! server (the same search as `GET /api/v1/runs`).
 
-use super::{html, Dashboard, PageResult};
 use super::views::*;
+use super::{html, Dashboard, PageResult};
 use crate::store::{Run, RunQuery, RunStatus, StoreError};
 use axum::extract::{Path, Query, State};
 use serde::Deserialize;
