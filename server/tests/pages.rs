@@ -438,8 +438,12 @@ fn swatch_colours(html: &str) -> Vec<String> {
 #[tokio::test]
 async fn the_browser_palette_module_holds_the_colours_the_compare_page_gives_its_runs() {
     let app = spawn_app().await;
-    let a = app.create_run(json!({"experiment": "p", "name": "a"})).await;
-    let b = app.create_run(json!({"experiment": "p", "name": "b"})).await;
+    let a = app
+        .create_run(json!({"experiment": "p", "name": "a"}))
+        .await;
+    let b = app
+        .create_run(json!({"experiment": "p", "name": "b"}))
+        .await;
     for id in [&a, &b] {
         app.post_points(id, loss_points("train/loss", 0..5)).await;
     }
@@ -456,7 +460,10 @@ async fn the_browser_palette_module_holds_the_colours_the_compare_page_gives_its
         .await
         .expect("get");
     assert_eq!(res.status().as_u16(), 200);
-    let mime = res.headers()["content-type"].to_str().unwrap_or("").to_string();
+    let mime = res.headers()["content-type"]
+        .to_str()
+        .unwrap_or("")
+        .to_string();
     assert!(mime.starts_with("text/javascript"), "{mime}");
     let module = res.text().await.expect("body");
     let listed: Vec<&str> = module
@@ -510,12 +517,20 @@ async fn every_module_a_page_loads_is_served_as_javascript_and_no_other_static_p
             .await
             .expect("get");
         assert_eq!(res.status().as_u16(), 200, "/static/{path}");
-        let mime = res.headers()["content-type"].to_str().unwrap_or("").to_string();
+        let mime = res.headers()["content-type"]
+            .to_str()
+            .unwrap_or("")
+            .to_string();
         assert!(mime.starts_with("text/javascript"), "{path}: {mime}");
         let source = res.text().await.expect("body");
         queue.extend(imports_of(&path, &source));
     }
-    for nested in ["chart/data.js", "chart/scales.js", "chart/draw.js", "palette.js"] {
+    for nested in [
+        "chart/data.js",
+        "chart/scales.js",
+        "chart/draw.js",
+        "palette.js",
+    ] {
         assert!(seen.contains(nested), "{nested} is imported: {seen:?}");
     }
     for path in [
@@ -535,7 +550,9 @@ async fn every_module_a_page_loads_is_served_as_javascript_and_no_other_static_p
 #[tokio::test]
 async fn a_moe_run_page_lists_each_heatmap_rows_metric_key_in_expert_order() {
     let app = spawn_app().await;
-    let id = app.create_run(json!({"experiment": "moe", "name": "m"})).await;
+    let id = app
+        .create_run(json!({"experiment": "moe", "name": "m"}))
+        .await;
     let mut points = vec![];
     for e in [2, 0, 1] {
         points.push(json!({"key": format!("moe/layer1/expert{e}"), "step": 0, "value": 0.3}));

@@ -159,9 +159,7 @@ pub const STREAM_ERROR: &str = "stream_error";
 
 /// The last event of a run stream the server had to end (the cause is logged, never sent).
 fn stream_error() -> Event {
-    Event::default()
-        .event(STREAM_ERROR)
-        .data("internal error")
+    Event::default().event(STREAM_ERROR).data("internal error")
 }
 
 enum StreamEnd {

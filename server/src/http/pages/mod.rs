@@ -14,7 +14,7 @@ pub mod views;
 use crate::store::{DynStore, StoreError};
 use askama::Template;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, Method, Request, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
