@@ -7,6 +7,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod pages;
+pub mod palette;
 
 use axum::http::{Method, Uri};
 

@@ -5,10 +5,8 @@ use crate::store::{Run, RunStatus};
 use askama::Template;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Colours for compared runs (the same palette as `static/chart.js`).
-pub const PALETTE: [&str; 8] = [
-    "#2f6fde", "#e0663a", "#2a9d63", "#9b59b6", "#d4a017", "#17a2b8", "#c0392b", "#7f8c8d",
-];
+/// Colours for compared runs: the dashboard's one palette.
+pub use crate::http::palette::PALETTE;
 
 #[derive(Template)]
 #[template(path = "error.html")]
