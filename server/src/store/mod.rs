@@ -190,13 +190,37 @@ pub enum StoreError {
         field: &'static str,
         message: String,
     },
+    /// The database has no room for the write (its disk is full); nothing of it was stored.
+    #[error("the database is out of disk space")]
+    StorageFull(#[source] sqlx::Error),
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        // SQLITE_FULL (13) and Postgres' disk_full (53100).
+        let code = e.as_database_error().and_then(|d| d.code());
+        match code.as_deref() {
+            Some("13") | Some("53100") => StoreError::StorageFull(e),
+            _ => StoreError::Database(e),
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether the error is the database's fault rather than the request's.
+    pub fn is_database_fault(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(_) | StoreError::StorageFull(_) | StoreError::Migrate(_)
+        )
+    }
+}
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -256,6 +280,9 @@ pub trait Store: Send + Sync + 'static {
     async fn run_events(&self, run_id: &str, after_seq: Option<i64>) -> StoreResult<Vec<RunEvent>>;
     /// Runs in any of these statuses (the launcher's restart recovery).
     async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>>;
+    /// Ok when the store answers reads and, after a failed write, takes writes again (checked
+    /// with a small write of its own).
+    async fn health(&self) -> StoreResult<()>;
 }
 
 pub type DynStore = Arc<dyn Store>;

@@ -500,6 +500,11 @@ impl Store for PgStore {
         rows.iter().map(event).collect()
     }
 
+    async fn health(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
         if statuses.is_empty() {
             return Ok(Vec::new());

@@ -7,6 +7,7 @@ mod harness;
 
 mod downsampling;
 mod experiments;
+mod full_disk;
 mod metrics;
 mod runs;
 mod search;

@@ -95,13 +95,14 @@ impl SqliteStore {
         now_ms: i64,
     ) -> StoreResult<Vec<StoredPoint>> {
         let batch = ingest::prepare_batch(points, now_ms)?;
-        let mut tx = self.write.begin().await?;
+        let mut tx = self.begin_write().await?;
         sqlx::query("SELECT 1 FROM runs WHERE id = ?")
             .bind(run_id)
             .fetch_optional(&mut *tx)
             .await?
             .ok_or_else(|| common::not_found_run(run_id))?;
         if batch.points.is_empty() {
+            tx.commit().await?;
             return Ok(Vec::new());
         }
         // Series of the batch's keys, created on first use.
@@ -229,7 +230,7 @@ impl SqliteStore {
     /// returns what the new ones change.
     async fn upsert_points(
         &self,
-        tx: &mut sqlx::Transaction<'_, Sqlite>,
+        tx: &mut super::write::WriteTx,
         batch: &ingest::Batch,
         series: &ingest::SeriesMap,
         rows: &[(i64, i64, f64, i64)],
