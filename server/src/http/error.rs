@@ -170,6 +170,9 @@ impl IntoResponse for ApiError {
 /// Seconds a client is asked to wait before retrying a write the full disk refused.
 pub const STORAGE_RETRY_AFTER_S: u32 = 60;
 
+/// Seconds a client is asked to wait before retrying while the database is unreachable.
+pub const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
+
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match err {
@@ -190,6 +193,13 @@ impl From<StoreError> for ApiError {
                 field: Some(field.to_string()),
                 message: format!("{field}: {message}"),
             },
+            StoreError::Unavailable(cause) => {
+                tracing::error!(error = %cause, "the database is unavailable");
+                ApiError::Unavailable {
+                    message: "the server's database is unavailable; retry later".into(),
+                    retry_after: UNAVAILABLE_RETRY_AFTER_S,
+                }
+            }
             StoreError::Database(_) | StoreError::Migrate(_) => ApiError::Internal(err.into()),
         }
     }
@@ -283,9 +293,26 @@ mod tests {
     }
 
     #[test]
-    fn a_database_error_is_a_500_that_hides_its_details() {
-        let err: ApiError = StoreError::Database(sqlx::Error::PoolTimedOut).into();
+    fn a_database_fault_is_a_500_that_hides_its_details() {
+        let err: ApiError = StoreError::from(sqlx::Error::RowNotFound).into();
         assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(err.to_string(), "internal error");
+    }
+
+    #[test]
+    fn an_unreachable_database_is_a_503_that_says_when_to_retry() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        for cause in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::Io(refused),
+        ] {
+            let response = ApiError::from(StoreError::from(cause)).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(
+                response.headers().get("retry-after").map(|v| v.as_bytes()),
+                Some(UNAVAILABLE_RETRY_AFTER_S.to_string().as_bytes())
+            );
+        }
     }
 }

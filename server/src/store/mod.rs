@@ -193,6 +193,10 @@ pub enum StoreError {
     /// The database has no room for the write (its disk is full); nothing of it was stored.
     #[error("the database is out of disk space")]
     StorageFull(#[source] sqlx::Error),
+    /// The database cannot be reached or cannot answer now (connection refused or lost, no
+    /// free connection in time, the server shutting down); retrying later may succeed.
+    #[error("the database is unavailable")]
+    Unavailable(#[source] sqlx::Error),
     #[error(transparent)]
     Database(sqlx::Error),
     #[error(transparent)]
@@ -203,11 +207,35 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        // SQLITE_FULL (13) and Postgres' disk_full (53100).
-        let code = e.as_database_error().and_then(|d| d.code());
-        match code.as_deref() {
-            Some("13") | Some("53100") => StoreError::StorageFull(e),
-            _ => StoreError::Database(e),
+        use sqlx::Error as E;
+        let unreachable = match &e {
+            E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+            E::Database(d) => {
+                let code = d.code().unwrap_or_default();
+                if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                    // Primary result codes: SQLITE_FULL (13), SQLITE_BUSY (5: the busy timeout
+                    // ran out), SQLITE_IOERR (10), SQLITE_CANTOPEN (14).
+                    match code.parse::<i32>().map(|c| c & 0xff) {
+                        Ok(13) => return StoreError::StorageFull(e),
+                        Ok(5 | 10 | 14) => true,
+                        _ => false,
+                    }
+                } else {
+                    // SQLSTATE: disk_full; connection exceptions (class 08), admin or crash
+                    // shutdown, cannot connect now, database dropped, too many connections.
+                    match code.as_ref() {
+                        "53100" => return StoreError::StorageFull(e),
+                        "57P01" | "57P02" | "57P03" | "57P04" | "53300" => true,
+                        c => c.starts_with("08"),
+                    }
+                }
+            }
+            _ => false,
+        };
+        if unreachable {
+            StoreError::Unavailable(e)
+        } else {
+            StoreError::Database(e)
         }
     }
 }
@@ -217,7 +245,10 @@ impl StoreError {
     pub fn is_database_fault(&self) -> bool {
         matches!(
             self,
-            StoreError::Database(_) | StoreError::StorageFull(_) | StoreError::Migrate(_)
+            StoreError::Database(_)
+                | StoreError::StorageFull(_)
+                | StoreError::Unavailable(_)
+                | StoreError::Migrate(_)
         )
     }
 }

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 
 use sqlx::Connection;
+
+use crate::harness::{app_over, call};
 use trainyard::store::sqlite::SqliteStore;
 use trainyard::store::{DynStore, MetricPoint, NewRun, RunUpdate, StoreError};
 
@@ -189,35 +191,6 @@ async fn sqlite_after_a_full_disk_every_acknowledged_write_survives_a_reopen() {
     assert_eq!(Some(run.notes), acked.notes);
 }
 
-/// One request through the whole HTTP stack; returns the status, Retry-After and JSON body.
-async fn call(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    body: Option<serde_json::Value>,
-) -> (u16, Option<String>, serde_json::Value) {
-    use tower::ServiceExt;
-    let request = axum::http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(axum::body::Body::from(
-            body.map(|b| b.to_string()).unwrap_or_default(),
-        ))
-        .expect("request");
-    let response = app.clone().oneshot(request).await.expect("response");
-    let status = response.status().as_u16();
-    let retry_after = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().expect("ascii").to_string());
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .expect("body");
-    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-    (status, retry_after, json)
-}
-
 fn points_body(first_step: i64, n: i64) -> serde_json::Value {
     let points: Vec<_> = batch("loss", first_step, n)
         .into_iter()
@@ -229,9 +202,7 @@ fn points_body(first_step: i64, n: i64) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_full_disk_is_a_507_and_healthz_is_unhealthy_until_there_is_room() {
     let full = nearly_full_store().await;
-    let settings =
-        trainyard::app::Settings::new("127.0.0.1:0".parse().expect("addr"), full._dir.path());
-    let app = trainyard::app::app(trainyard::app::AppState::new(full.store.clone(), settings));
+    let app = app_over(full.store.clone(), full._dir.path());
     let (status, _, body) = call(&app, "GET", "/healthz", None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "ok");

@@ -9,6 +9,7 @@ mod downsampling;
 mod experiments;
 mod full_disk;
 mod metrics;
+mod outage;
 mod runs;
 mod search;
 mod series_cache;

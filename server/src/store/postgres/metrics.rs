@@ -1,6 +1,6 @@
 //! Metric points of the Postgres backend: batched idempotent writes, rollups, series reads.
 
-use super::PgStore;
+use super::{acquire, begin, PgStore};
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
 use crate::store::ingest;
@@ -45,7 +45,7 @@ impl SeriesSource for PostgresSeries<'_> {
             .bind(self.series_id)
             .bind(from)
             .bind(to)
-            .fetch_one(self.pool)
+            .fetch_one(&mut *acquire(self.pool).await?)
             .await?;
         let (steps, values, times) = (
             steps.unwrap_or_default(),
@@ -75,13 +75,14 @@ impl SeriesSource for PostgresSeries<'_> {
         .bind(level as i32)
         .bind(from)
         .bind(to)
-        .fetch_all(self.pool)
+        .fetch_all(&mut *acquire(self.pool).await?)
         .await?;
         rows.iter().map(agg).collect()
     }
 
     async fn bounds(&self, from: i64, to: i64) -> StoreResult<Option<(i64, i64)>> {
-        let one = |order: &'static str| {
+        let mut conn = acquire(self.pool).await?;
+        let mut one = async |order: &'static str| {
             sqlx::query_scalar::<_, i64>(if order == "ASC" {
                 "SELECT step FROM metric_points WHERE series_id = $1 AND step >= $2 AND step <= $3 \
                  ORDER BY step ASC LIMIT 1"
@@ -92,7 +93,8 @@ impl SeriesSource for PostgresSeries<'_> {
             .bind(self.series_id)
             .bind(from)
             .bind(to)
-            .fetch_optional(self.pool)
+            .fetch_optional(&mut *conn)
+            .await
         };
         let first = one("ASC").await?;
         let last = one("DESC").await?;
@@ -301,7 +303,7 @@ impl PgStore {
                 )
                 .bind(run_id)
                 .bind(&batch.keys)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *acquire(&self.pool).await?)
                 .await?;
                 if rows.len() != batch.keys.len() {
                     return Ok(None);
@@ -348,7 +350,7 @@ impl PgStore {
             .bind(ranges.iter().map(|r| r.1).collect::<Vec<_>>())
             .bind(ranges.iter().map(|r| r.2).collect::<Vec<_>>());
         let row = match bind_changes(q, &series_updates, &rollups)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *acquire(&self.pool).await?)
             .await
         {
             Ok(row) => row,
@@ -381,7 +383,7 @@ impl PgStore {
         run_id: &str,
         batch: &ingest::Batch,
     ) -> StoreResult<Vec<StoredPoint>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = begin(&self.pool).await?;
         // The row lock serializes writers of one run, so seq order is commit order. It is a
         // statement of its own: the statements after it take their snapshots once it is held,
         // so they see every series and point the previous holder committed.
@@ -455,7 +457,7 @@ impl PgStore {
              WHERE run_id = $1 AND count > 0 ORDER BY key",
         )
         .bind(run_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *acquire(&self.pool).await?)
         .await?)
     }
 
@@ -471,7 +473,7 @@ impl PgStore {
             sqlx::query("SELECT id, count FROM metric_series WHERE run_id = $1 AND key = $2")
                 .bind(run_id)
                 .bind(key)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *acquire(&self.pool).await?)
                 .await?;
         let Some(series) = series else {
             self.run_exists(run_id).await?;
@@ -506,7 +508,7 @@ impl PgStore {
         .bind(after_seq.unwrap_or(0))
         .bind(after_step.unwrap_or(-1))
         .bind(limit as i64)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *acquire(&self.pool).await?)
         .await?;
         rows.iter()
             .map(|r| {
@@ -530,7 +532,7 @@ impl PgStore {
         self.run_exists(run_id).await?;
         let rows = sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1")
             .bind(run_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *acquire(&self.pool).await?)
             .await?;
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
