@@ -4,7 +4,7 @@
 use tracing::instrument;
 
 use crate::live::LiveHub;
-use crate::store::{now_ms, MetricPoint, Store, StoreError, MAX_POINTS_PER_BATCH};
+use crate::store::{now_ms, MetricPoint, Store, StoreError, MAX_POINTS_PER_BATCH, MAX_STEP};
 
 /// Longest metric key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 250;
@@ -65,10 +65,13 @@ pub fn validate_points(points: &[MetricPoint]) -> Result<(), IngestError> {
         if let Err(message) = validate_key(&point.key) {
             return Err(invalid("key", message));
         }
-        if point.step < 0 {
+        if !(0..=MAX_STEP).contains(&point.step) {
             return Err(invalid(
                 "step",
-                format!("step must be >= 0, got {}", point.step),
+                format!(
+                    "step must be an integer from 0 to {MAX_STEP} (2^53), got {}",
+                    point.step
+                ),
             ));
         }
         if !point.value.is_finite() {
@@ -132,6 +135,8 @@ mod tests {
             (p("a\nb", 0, 1.0), "points[0].key"),
             (p(&"k".repeat(MAX_KEY_LEN + 1), 0, 1.0), "points[0].key"),
             (p("loss", -1, 1.0), "points[0].step"),
+            (p("loss", MAX_STEP + 1, 1.0), "points[0].step"),
+            (p("loss", i64::MAX, 1.0), "points[0].step"),
             (p("loss", 0, f64::NAN), "points[0].value"),
             (p("loss", 0, f64::INFINITY), "points[0].value"),
             (p("loss", 0, f64::NEG_INFINITY), "points[0].value"),
@@ -141,6 +146,17 @@ mod tests {
                 Err(IngestError::Invalid { field, .. }) => assert_eq!(field, expected, "{point:?}"),
                 other => panic!("{point:?} should be invalid, got {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn the_step_range_is_named_and_its_ends_are_accepted() {
+        assert!(validate_points(&[p("loss", 0, 1.0), p("loss", MAX_STEP, 1.0)]).is_ok());
+        match validate_points(&[p("loss", MAX_STEP + 1, 1.0)]) {
+            Err(IngestError::Invalid { message, .. }) => {
+                assert!(message.contains("from 0 to 9007199254740992"), "{message}")
+            }
+            other => panic!("expected invalid, got {other:?}"),
         }
     }
 

@@ -48,8 +48,12 @@ pub fn prepare_batch(points: &[super::MetricPoint], now_ms: i64) -> StoreResult<
         if p.key.contains('\0') {
             return Err(bad("key must not contain NUL characters".into()));
         }
-        if p.step < 0 {
-            return Err(bad(format!("step must be >= 0, got {}", p.step)));
+        if !(0..=super::MAX_STEP).contains(&p.step) {
+            return Err(bad(format!(
+                "step must be from 0 to {}, got {}",
+                super::MAX_STEP,
+                p.step
+            )));
         }
         if !p.value.is_finite() {
             return Err(bad(format!("value must be finite, got {}", p.value)));

@@ -13,6 +13,12 @@ pub const DEFAULT_EXPERIMENT: &str = "Default";
 /// Most points one `append_points` call (one HTTP request) may carry.
 pub const MAX_POINTS_PER_BATCH: usize = 10_000;
 
+/// Largest step a point may have: 2^53. Steps from 0 to this are exact as JSON numbers in
+/// every client (a JavaScript number holds integers exactly only up to 2^53, and the dashboard
+/// charts are JavaScript), far more than any training run counts, and far enough from
+/// `i64::MAX` that step arithmetic (bucket widths, ranges) cannot overflow.
+pub const MAX_STEP: i64 = 1 << 53;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Experiment {
     /// String id (MLflow-compatible).

@@ -1,7 +1,7 @@
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::TestApp;
+use crate::helpers::{assert_error, TestApp};
 use crate::on_both_backends;
 
 on_both_backends!(
@@ -12,6 +12,7 @@ on_both_backends!(
     a_downsampled_series_keeps_the_spike,
     a_step_range_limits_the_series,
     metric_keys_lists_every_key_with_its_count,
+    a_step_past_the_documented_range_is_a_422_naming_the_step,
 );
 
 async fn posting_a_batch_returns_how_many_points_were_accepted(app: &TestApp) {
@@ -164,5 +165,35 @@ async fn metric_keys_lists_every_key_with_its_count(app: &TestApp) {
     assert_eq!(
         listed,
         vec![("loss".to_string(), 2), ("val/ppl".to_string(), 1)]
+    );
+}
+
+async fn a_step_past_the_documented_range_is_a_422_naming_the_step(app: &TestApp) {
+    let id = app.create_run("m").await;
+    let path = format!("/api/v1/runs/{id}/metrics");
+    let largest = 9_007_199_254_740_992i64; // 2^53
+    for step in [largest + 1, i64::MAX] {
+        let body = json!({ "points": [
+            { "key": "loss", "step": 1, "value": 1.0 },
+            { "key": "loss", "step": step, "value": 1.0 },
+        ] });
+        let error = assert_error(
+            app.post_json(&path, &body).await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unprocessable",
+            Some("points[1].step"),
+        )
+        .await;
+        let message = error["message"].as_str().expect("message");
+        assert!(message.contains(&largest.to_string()), "{message}");
+    }
+    let accepted = app.post_points(&id, &[("loss", largest, 1.0)]).await;
+    assert_eq!(accepted["stored"], 1);
+    let keys = app
+        .get_json(&format!("/api/v1/runs/{id}/metric-keys"))
+        .await;
+    assert_eq!(
+        keys["keys"][0]["count"], 1,
+        "nothing of a refused batch is stored"
     );
 }

@@ -66,6 +66,7 @@ both_backends!(
     downsampling::an_unknown_key_of_a_known_run_is_an_empty_series,
     downsampling::a_window_no_wider_than_the_budget_comes_back_whole,
     downsampling::a_sparse_window_wider_than_the_budget_fits_and_comes_back_whole,
+    downsampling::a_few_far_away_steps_leave_the_dense_part_its_resolution,
     search::runs_are_found_by_status_tag_and_experiment,
     search::pagination_by_creation_time_is_stable_and_complete_with_inserts_between_pages,
     search::pagination_by_name_breaks_ties_by_id,
