@@ -4,7 +4,9 @@
 use tracing::instrument;
 
 use crate::live::LiveHub;
-use crate::store::{now_ms, MetricPoint, Store, StoreError, MAX_POINTS_PER_BATCH, MAX_STEP};
+use crate::store::{
+    now_ms, Conflict, MetricPoint, Store, StoreError, MAX_POINTS_PER_BATCH, MAX_STEP,
+};
 
 /// Longest metric key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 250;
@@ -18,13 +20,21 @@ pub enum IngestError {
     Store(#[from] StoreError),
 }
 
+/// Most conflicting points one ingest call reports by name (all of them are counted).
+pub const MAX_REPORTED_CONFLICTS: usize = 10;
+
 /// What one ingest call did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct IngestOutcome {
     /// Points in the request (all of them are now stored).
     pub accepted: usize,
     /// Points that were new; a re-sent batch stores nothing twice.
     pub stored: usize,
+    /// Points whose (key, step) was already stored (or repeated in the request) with another
+    /// value; the stored value is kept.
+    pub conflicts: usize,
+    /// The first `MAX_REPORTED_CONFLICTS` of them, in request order.
+    pub first_conflicts: Vec<Conflict>,
 }
 
 /// Validates, stores and publishes one batch of points for a run.
@@ -37,12 +47,18 @@ pub async fn ingest_points(
 ) -> Result<IngestOutcome, IngestError> {
     validate_points(points)?;
     let _order = live.write_order(run_id).await;
-    let stored = store.append_points(run_id, points, now_ms()).await?;
+    let appended = store.append_points(run_id, points, now_ms()).await?;
+    let mut conflicts = appended.conflicts;
     let outcome = IngestOutcome {
         accepted: points.len(),
-        stored: stored.len(),
+        stored: appended.stored.len(),
+        conflicts: conflicts.len(),
+        first_conflicts: {
+            conflicts.truncate(MAX_REPORTED_CONFLICTS);
+            conflicts
+        },
     };
-    live.publish_points(run_id, stored);
+    live.publish_points(run_id, appended.stored);
     Ok(outcome)
 }
 

@@ -115,6 +115,28 @@ pub struct StoredPoint {
     pub seq: i64,
 }
 
+/// A point of a request that was not stored because its (key, step) holds another value, which
+/// is kept (the first value wins; re-sending a point never changes it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Conflict {
+    pub key: String,
+    pub step: i64,
+    /// The value the store keeps.
+    pub stored_value: f64,
+    /// The value the request sent (ignored).
+    pub sent_value: f64,
+}
+
+/// What `append_points` did with a batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Appended {
+    /// The points newly stored, with their seq, in input order.
+    pub stored: Vec<StoredPoint>,
+    /// Points whose (key, step) already had another value, in input order (a point repeated
+    /// within the batch with another value counts too).
+    pub conflicts: Vec<Conflict>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SeriesPoint {
     pub step: i64,
@@ -286,14 +308,14 @@ pub trait Store: Send + Sync + 'static {
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage>;
 
     /// One transaction; idempotent on (run, key, step) (first value wins). Points must already
-    /// be validated (finite values, step >= 0, non-empty keys). Returns the points newly stored,
-    /// with their seq, in input order.
+    /// be validated (finite values, step in 0..=MAX_STEP, non-empty keys). Returns the points
+    /// newly stored, with their seq, and those that conflict with a kept value.
     async fn append_points(
         &self,
         run_id: &str,
         points: &[MetricPoint],
         now_ms: i64,
-    ) -> StoreResult<Vec<StoredPoint>>;
+    ) -> StoreResult<Appended>;
     async fn metric_keys(&self, run_id: &str) -> StoreResult<Vec<MetricKey>>;
     /// `max_points >= 2`; inclusive step bounds.
     async fn read_series(

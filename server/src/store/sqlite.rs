@@ -5,8 +5,8 @@
 use super::common::{self, Arg, Details, RunRow, SortValues, SqlSink, RUN_COLUMNS};
 use super::filter::Filter;
 use super::{
-    now_ms, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run, RunEvent, RunPage, RunQuery,
-    RunStatus, RunUpdate, Series, Store, StoreError, StoreResult, StoredPoint,
+    now_ms, Appended, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run, RunEvent, RunPage,
+    RunQuery, RunStatus, RunUpdate, Series, Store, StoreError, StoreResult, StoredPoint,
 };
 use async_trait::async_trait;
 
@@ -544,7 +544,7 @@ impl Store for SqliteStore {
         run_id: &str,
         points: &[MetricPoint],
         now_ms: i64,
-    ) -> StoreResult<Vec<StoredPoint>> {
+    ) -> StoreResult<Appended> {
         self.health
             .note(self.write_points(run_id, points, now_ms).await)
     }

@@ -13,6 +13,7 @@ on_both_backends!(
     a_step_range_limits_the_series,
     metric_keys_lists_every_key_with_its_count,
     a_step_past_the_documented_range_is_a_422_naming_the_step,
+    a_resent_point_with_another_value_is_reported_in_the_response,
 );
 
 async fn posting_a_batch_returns_how_many_points_were_accepted(app: &TestApp) {
@@ -196,4 +197,45 @@ async fn a_step_past_the_documented_range_is_a_422_naming_the_step(app: &TestApp
         keys["keys"][0]["count"], 1,
         "nothing of a refused batch is stored"
     );
+}
+
+async fn a_resent_point_with_another_value_is_reported_in_the_response(app: &TestApp) {
+    let id = app.create_run("m").await;
+    let first: Vec<(&str, i64, f64)> = (0..20).map(|s| ("loss", s, 1.0)).collect();
+    let accepted = app.post_points(&id, &first).await;
+    assert_eq!(accepted["conflicts"], 0);
+    assert_eq!(accepted["first_conflicts"], json!([]));
+    // Steps 0-14 with another value, 15-19 as before, 20 new.
+    let resent: Vec<(&str, i64, f64)> = (0..21)
+        .map(|s| ("loss", s, if s < 15 { 2.0 } else { 1.0 }))
+        .collect();
+    let accepted = app.post_points(&id, &resent).await;
+    assert_eq!(accepted["accepted"], 21);
+    assert_eq!(accepted["stored"], 1);
+    assert_eq!(accepted["conflicts"], 15);
+    let listed = accepted["first_conflicts"]
+        .as_array()
+        .expect("first_conflicts");
+    assert_eq!(listed.len(), 10, "only the first ten are listed");
+    for (i, c) in listed.iter().enumerate() {
+        assert_eq!(
+            c,
+            &json!({"key": "loss", "step": i, "stored_value": 1.0, "sent_value": 2.0})
+        );
+    }
+    let series = app
+        .get_json(&format!("/api/v1/runs/{id}/metrics?key=loss"))
+        .await;
+    let values: Vec<f64> = series["points"]
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|p| p["value"].as_f64().expect("value"))
+        .collect();
+    assert_eq!(values, vec![1.0; 21], "the stored values are kept");
+    let doc = app.get_json("/api/v1/openapi.json").await;
+    let properties = &doc["components"]["schemas"]["Accepted"]["properties"];
+    assert!(properties["conflicts"].is_object(), "{properties}");
+    assert!(properties["first_conflicts"].is_object(), "{properties}");
+    assert!(doc["components"]["schemas"]["Conflict"]["properties"]["stored_value"].is_object());
 }

@@ -90,7 +90,7 @@ async fn fill(full: &Full, acked: &mut Acknowledged) -> (StoreError, i64) {
             .append_points(&full.run, &batch("loss", step, 1_000), 0)
             .await
         {
-            Ok(stored) => acked.steps.extend(stored.iter().map(|p| p.step)),
+            Ok(appended) => acked.steps.extend(appended.stored.iter().map(|p| p.step)),
             Err(e) => return (e, step),
         }
         step += 1_000;
@@ -136,7 +136,7 @@ async fn sqlite_after_a_full_disk_every_acknowledged_write_survives_a_reopen() {
             .append_points(&full.run, &batch("loss", step, 1), 0)
             .await
         {
-            acked.steps.extend(stored.iter().map(|p| p.step));
+            acked.steps.extend(stored.stored.iter().map(|p| p.step));
         }
         step += 1_000;
     }
@@ -146,7 +146,8 @@ async fn sqlite_after_a_full_disk_every_acknowledged_write_survives_a_reopen() {
     let stored = store
         .append_points(&full.run, &batch("loss", step, 1_000), 0)
         .await
-        .expect("a write once there is room");
+        .expect("a write once there is room")
+        .stored;
     assert_eq!(stored.len(), 1_000);
     acked.steps.extend(stored.iter().map(|p| p.step));
     let later = store

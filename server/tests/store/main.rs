@@ -59,6 +59,7 @@ both_backends!(
     metrics::points_since_returns_later_points_in_seq_order,
     metrics::bad_points_are_rejected_as_invalid_and_nothing_is_stored,
     metrics::a_batch_mixing_new_and_stored_points_stores_only_the_new_ones,
+    metrics::a_resent_point_with_another_value_is_reported_as_a_conflict,
     downsampling::a_series_within_the_budget_is_returned_whole,
     downsampling::a_long_series_keeps_every_spike_and_the_global_extremes,
     downsampling::step_bounds_limit_the_points_and_the_total,

@@ -4,7 +4,9 @@ use super::{acquire, begin, PgStore};
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
 use crate::store::ingest;
-use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint};
+use crate::store::{
+    Appended, MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint,
+};
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
@@ -274,11 +276,11 @@ impl PgStore {
         run_id: &str,
         points: &[MetricPoint],
         now_ms: i64,
-    ) -> StoreResult<Vec<StoredPoint>> {
+    ) -> StoreResult<Appended> {
         let batch = ingest::prepare_batch(points, now_ms)?;
         if !batch.points.is_empty() {
-            if let Some(stored) = self.append_new(run_id, &batch).await? {
-                return Ok(stored);
+            if let Some(appended) = self.append_new(run_id, &batch).await? {
+                return Ok(appended);
             }
         }
         self.upsert_batch(run_id, &batch).await
@@ -294,7 +296,7 @@ impl PgStore {
         &self,
         run_id: &str,
         batch: &ingest::Batch,
-    ) -> StoreResult<Option<Vec<StoredPoint>>> {
+    ) -> StoreResult<Option<Appended>> {
         let series = match self.series_ids.get(run_id, &batch.keys) {
             Some(series) => series,
             None => {
@@ -367,22 +369,22 @@ impl PgStore {
         }
         let (seqs, sids, steps): Inserted = (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
         let seqs = seqs.unwrap_or_default();
+        // Every point was new: only repeats within the batch can conflict.
+        let conflicts = ingest::conflicts(batch, &series, &HashMap::new());
         // Rows usually come back in input order; then seqs pair up with points directly.
-        if sids.as_ref() == Some(&columns.sids) && steps.as_ref() == Some(&columns.steps) {
-            return Ok(Some(ingest::stored_in_order(batch, &seqs)));
-        }
-        let inserted = inserted_map(Some(seqs), sids, steps);
-        Ok(Some(ingest::stored(batch, &series, &inserted)))
+        let stored =
+            if sids.as_ref() == Some(&columns.sids) && steps.as_ref() == Some(&columns.steps) {
+                ingest::stored_in_order(batch, &seqs)
+            } else {
+                ingest::stored(batch, &series, &inserted_map(Some(seqs), sids, steps))
+            };
+        Ok(Some(Appended { stored, conflicts }))
     }
 
     /// Writes a batch in one transaction under the run's row lock: missing series are created,
     /// points upserted (a stored (series, step) keeps its first value), and only the new points
     /// counted in their series and rollups.
-    async fn upsert_batch(
-        &self,
-        run_id: &str,
-        batch: &ingest::Batch,
-    ) -> StoreResult<Vec<StoredPoint>> {
+    async fn upsert_batch(&self, run_id: &str, batch: &ingest::Batch) -> StoreResult<Appended> {
         let mut tx = begin(&self.pool).await?;
         // The row lock serializes writers of one run, so seq order is commit order. It is a
         // statement of its own: the statements after it take their snapshots once it is held,
@@ -393,7 +395,7 @@ impl PgStore {
             .await?
             .ok_or_else(|| common::not_found_run(run_id))?;
         if batch.points.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Appended::default());
         }
         let mut series = ingest::SeriesMap::default();
         let rows =
@@ -439,6 +441,26 @@ impl PgStore {
         .await?;
         let inserted = inserted_map(seqs, sids, steps);
         let outcome = ingest::summarize(batch, &series, &inserted);
+        // Values of the points that were stored before, to report the ones sent differently.
+        let (old_sids, old_steps): (Vec<i64>, Vec<i64>) =
+            ingest::not_inserted(batch, &series, &inserted)
+                .into_iter()
+                .unzip();
+        let mut earlier = HashMap::new();
+        if !old_sids.is_empty() {
+            let rows = sqlx::query(
+                "SELECT p.series_id, p.step, p.value FROM metric_points p \
+                 JOIN UNNEST($1::int8[], $2::int8[]) AS u(sid, step) \
+                 ON p.series_id = u.sid AND p.step = u.step",
+            )
+            .bind(&old_sids)
+            .bind(&old_steps)
+            .fetch_all(&mut *tx)
+            .await?;
+            for row in rows {
+                earlier.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
+            }
+        }
         if !outcome.series.is_empty() {
             let sql = format!("WITH {} SELECT 1", changes_ctes(1, "true"));
             bind_changes(sqlx::query(&sql), &outcome.series, &outcome.rollups)
@@ -447,7 +469,10 @@ impl PgStore {
         }
         tx.commit().await?;
         self.series_ids.put(run_id, &series);
-        Ok(outcome.stored)
+        Ok(Appended {
+            conflicts: ingest::conflicts(batch, &series, &earlier),
+            stored: outcome.stored,
+        })
     }
 
     pub(super) async fn keys_of(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
