@@ -43,6 +43,13 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// The database has no room for a write: nothing of the request was stored (507).
+    #[error("{0}")]
+    InsufficientStorage(String),
+    /// The server cannot serve the request now, e.g. its database is unreachable (503); the
+    /// client should retry after `retry_after` seconds.
+    #[error("{message}")]
+    Unavailable { message: String, retry_after: u32 },
     /// A real fault; the cause chain is logged, the client sees only "internal error".
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -89,6 +96,8 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -104,6 +113,8 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::InsufficientStorage(_) => "insufficient_storage",
+            ApiError::Unavailable { .. } => "unavailable",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -133,19 +144,46 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status(), Json(body)).into_response();
-        if matches!(self, ApiError::Unauthorized) {
-            response.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
+        let headers = response.headers_mut();
+        match &self {
+            ApiError::Unauthorized => {
+                headers.insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            ApiError::Unavailable { retry_after, .. } => {
+                headers.insert(axum::http::header::RETRY_AFTER, (*retry_after).into());
+            }
+            ApiError::InsufficientStorage(_) => {
+                headers.insert(
+                    axum::http::header::RETRY_AFTER,
+                    STORAGE_RETRY_AFTER_S.into(),
+                );
+            }
+            _ => {}
         }
         response
     }
 }
 
+/// Seconds a client is asked to wait before retrying a write the full disk refused.
+pub const STORAGE_RETRY_AFTER_S: u32 = 60;
+
+/// Seconds a client is asked to wait before retrying while the database is unreachable.
+pub const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
+
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match err {
+            StoreError::StorageFull(cause) => {
+                tracing::error!(error = %cause, "a write failed: the database is out of disk space");
+                ApiError::InsufficientStorage(
+                    "the server's database is out of disk space: nothing of this request was \
+                     stored; retry once space has been freed"
+                        .into(),
+                )
+            }
             StoreError::NotFound { .. } => ApiError::NotFound(err.to_string()),
             StoreError::Conflict { field, message } => ApiError::Conflict {
                 field: field.map(str::to_string),
@@ -155,6 +193,13 @@ impl From<StoreError> for ApiError {
                 field: Some(field.to_string()),
                 message: format!("{field}: {message}"),
             },
+            StoreError::Unavailable(cause) => {
+                tracing::error!(error = %cause, "the database is unavailable");
+                ApiError::Unavailable {
+                    message: "the server's database is unavailable; retry later".into(),
+                    retry_after: UNAVAILABLE_RETRY_AFTER_S,
+                }
+            }
             StoreError::Database(_) | StoreError::Migrate(_) => ApiError::Internal(err.into()),
         }
     }
@@ -270,9 +315,26 @@ mod tests {
     }
 
     #[test]
-    fn a_database_error_is_a_500_that_hides_its_details() {
-        let err: ApiError = StoreError::Database(sqlx::Error::PoolTimedOut).into();
+    fn a_database_fault_is_a_500_that_hides_its_details() {
+        let err: ApiError = StoreError::from(sqlx::Error::RowNotFound).into();
         assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(err.to_string(), "internal error");
+    }
+
+    #[test]
+    fn an_unreachable_database_is_a_503_that_says_when_to_retry() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        for cause in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::Io(refused),
+        ] {
+            let response = ApiError::from(StoreError::from(cause)).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(
+                response.headers().get("retry-after").map(|v| v.as_bytes()),
+                Some(UNAVAILABLE_RETRY_AFTER_S.to_string().as_bytes())
+            );
+        }
     }
 }

@@ -5,12 +5,13 @@
 use super::common::{self, Arg, Details, RunRow, SortValues, SqlSink, RUN_COLUMNS};
 use super::filter::Filter;
 use super::{
-    now_ms, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run, RunEvent, RunPage, RunQuery,
-    RunStatus, RunUpdate, Series, Store, StoreError, StoreResult, StoredPoint,
+    now_ms, Appended, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run, RunEvent, RunPage,
+    RunQuery, RunStatus, RunUpdate, Series, Store, StoreError, StoreResult, StoredPoint,
 };
 use async_trait::async_trait;
 
 mod metrics;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, QueryBuilder, Row};
 use std::str::FromStr;
@@ -79,6 +80,16 @@ fn event(row: &PgRow) -> StoreResult<RunEvent> {
     })
 }
 
+/// A pooled connection. Not getting one (refused, closed, or none free within the pool's
+/// timeout) means the database is unavailable, whatever the error says.
+pub(super) async fn acquire(pool: &PgPool) -> StoreResult<PoolConnection<Postgres>> {
+    pool.acquire().await.map_err(StoreError::Unavailable)
+}
+
+pub(super) async fn begin(pool: &PgPool) -> StoreResult<sqlx::Transaction<'static, Postgres>> {
+    pool.begin().await.map_err(StoreError::Unavailable)
+}
+
 impl PgStore {
     /// Connects and migrates the database.
     pub async fn connect(url: &str) -> StoreResult<Self> {
@@ -101,7 +112,7 @@ impl PgStore {
     async fn run_exists(&self, id: &str) -> StoreResult<()> {
         sqlx::query("SELECT 1 FROM runs WHERE id = $1")
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *acquire(&self.pool).await?)
             .await?
             .map(|_| ())
             .ok_or_else(|| common::not_found_run(id))
@@ -114,7 +125,11 @@ impl PgStore {
         }
         for (table, out) in [("run_tags", &mut d.tags), ("run_params", &mut d.params)] {
             let sql = format!("SELECT run_id, key, value FROM {table} WHERE run_id = ANY($1)");
-            for row in sqlx::query(&sql).bind(ids).fetch_all(&self.pool).await? {
+            for row in sqlx::query(&sql)
+                .bind(ids)
+                .fetch_all(&mut *acquire(&self.pool).await?)
+                .await?
+            {
                 out.push((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
             }
         }
@@ -123,7 +138,7 @@ impl PgStore {
              WHERE count > 0 AND run_id = ANY($1)",
         )
         .bind(ids)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *acquire(&self.pool).await?)
         .await?;
         for row in rows {
             d.metrics.push((
@@ -147,7 +162,7 @@ impl PgStore {
         let sql = format!("SELECT id, name, created_at FROM experiments WHERE {column} = $1");
         let row = sqlx::query(&sql)
             .bind(value)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *acquire(&self.pool).await?)
             .await?;
         Ok(row.as_ref().map(experiment).transpose()?)
     }
@@ -231,7 +246,7 @@ impl Store for PgStore {
         .bind(common::new_id())
         .bind(name)
         .bind(now_ms())
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *acquire(&self.pool).await?)
         .await
         .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")))?;
         Ok(experiment(&row)?)
@@ -262,7 +277,7 @@ impl Store for PgStore {
         .bind(common::new_id())
         .bind(name)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&mut *acquire(&self.pool).await?)
         .await?;
         self.get_experiment(name).await
     }
@@ -270,7 +285,7 @@ impl Store for PgStore {
     async fn list_experiments(&self) -> StoreResult<Vec<Experiment>> {
         let rows =
             sqlx::query("SELECT id, name, created_at FROM experiments ORDER BY created_at, id")
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *acquire(&self.pool).await?)
                 .await?;
         Ok(rows.iter().map(experiment).collect::<Result<_, _>>()?)
     }
@@ -285,7 +300,7 @@ impl Store for PgStore {
         let status = new.status.unwrap_or(RunStatus::Created);
         let config = new.config.as_ref().map(|c| c.to_string());
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = begin(&self.pool).await?;
         let exists = sqlx::query("SELECT 1 FROM experiments WHERE id = $1")
             .bind(&new.experiment_id)
             .fetch_optional(&mut *tx)
@@ -322,7 +337,7 @@ impl Store for PgStore {
         let sql = format!("SELECT {RUN_COLUMNS} FROM runs r WHERE r.id = $1");
         let row = sqlx::query(&sql)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *acquire(&self.pool).await?)
             .await?
             .ok_or_else(|| common::not_found_run(id))?;
         let rows = vec![run_row(&row)?];
@@ -339,7 +354,7 @@ impl Store for PgStore {
             update.notes.as_deref(),
             update.config.as_ref(),
         )?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = begin(&self.pool).await?;
         let stored: Option<String> = sqlx::query_scalar::<_, Option<String>>(
             "SELECT config FROM runs WHERE id = $1 FOR UPDATE",
         )
@@ -387,7 +402,7 @@ impl Store for PgStore {
         exit: Option<ExitInfo>,
     ) -> StoreResult<RunEvent> {
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = begin(&self.pool).await?;
         let from: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = $1 FOR UPDATE")
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -426,7 +441,10 @@ impl Store for PgStore {
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage> {
         let mut qb = QueryBuilder::<Postgres>::new("");
         common::build_search(query, &mut qb)?;
-        let rows = qb.build().fetch_all(&self.pool).await?;
+        let rows = qb
+            .build()
+            .fetch_all(&mut *acquire(&self.pool).await?)
+            .await?;
         let (n, i, t) = common::sort_columns(&query.sort);
         let mut runs = Vec::with_capacity(rows.len());
         let mut sorts = Vec::with_capacity(rows.len());
@@ -456,7 +474,7 @@ impl Store for PgStore {
         run_id: &str,
         points: &[MetricPoint],
         now_ms: i64,
-    ) -> StoreResult<Vec<StoredPoint>> {
+    ) -> StoreResult<Appended> {
         self.write_points(run_id, points, now_ms).await
     }
 
@@ -495,9 +513,16 @@ impl Store for PgStore {
         )
         .bind(run_id)
         .bind(after_seq.unwrap_or(0))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *acquire(&self.pool).await?)
         .await?;
         rows.iter().map(event).collect()
+    }
+
+    async fn health(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1")
+            .execute(&mut *acquire(&self.pool).await?)
+            .await?;
+        Ok(())
     }
 
     async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
@@ -508,7 +533,10 @@ impl Store for PgStore {
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM runs r WHERE r.status = ANY($1) ORDER BY r.created_at, r.id"
         );
-        let rows = sqlx::query(&sql).bind(names).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&sql)
+            .bind(names)
+            .fetch_all(&mut *acquire(&self.pool).await?)
+            .await?;
         let rows = rows.iter().map(run_row).collect::<Result<Vec<_>, _>>()?;
         self.load_runs(rows).await
     }

@@ -5,22 +5,28 @@
 use super::common::{self, Arg, Details, RunRow, SortValues, SqlSink, RUN_COLUMNS};
 use super::filter::Filter;
 use super::{
-    now_ms, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run, RunEvent, RunPage, RunQuery,
-    RunStatus, RunUpdate, Series, Store, StoreError, StoreResult, StoredPoint,
+    now_ms, Appended, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run, RunEvent, RunPage,
+    RunQuery, RunStatus, RunUpdate, Series, Store, StoreError, StoreResult, StoredPoint,
 };
 use async_trait::async_trait;
 
 mod metrics;
+mod write;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
+    /// `PRAGMA max_page_count` of every write connection (0: SQLite's default).
+    page_limit: Arc<AtomicU64>,
+    health: write::WriteHealth,
 }
 
 /// Rows per multi-row INSERT (4 to 10 binds each, well under SQLite's variable limit).
@@ -103,8 +109,21 @@ impl SqliteStore {
                 })?;
             }
         }
+        let page_limit = Arc::new(AtomicU64::new(0));
+        let limit = page_limit.clone();
         let write = SqlitePoolOptions::new()
             .max_connections(1)
+            .after_connect(move |conn, _| {
+                let pages = limit.load(Ordering::Acquire);
+                Box::pin(async move {
+                    if pages > 0 {
+                        sqlx::query(&format!("PRAGMA max_page_count = {pages}"))
+                            .execute(conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
             .connect_with(options.clone())
             .await?;
         sqlx::migrate!("../migrations/sqlite").run(&write).await?;
@@ -117,7 +136,36 @@ impl SqliteStore {
                 .connect_with(options.read_only(true))
                 .await?
         };
-        Ok(SqliteStore { write, read })
+        Ok(SqliteStore {
+            write,
+            read,
+            page_limit,
+            health: write::WriteHealth::default(),
+        })
+    }
+
+    async fn begin_write(&self) -> StoreResult<write::WriteTx> {
+        write::WriteTx::begin(&self.write).await
+    }
+
+    /// Closes every connection (a later `connect` to the same file sees what was committed).
+    pub async fn close(&self) {
+        self.write.close().await;
+        self.read.close().await;
+    }
+
+    /// Caps the database at `pages` pages (`None`: SQLite's own maximum) on the write connection
+    /// and every one opened after it. A write that needs more fails exactly as on a full disk
+    /// (SQLITE_FULL), which lets the tests fill a database without filling a disk.
+    #[doc(hidden)]
+    pub async fn set_page_limit(&self, pages: Option<u64>) -> StoreResult<()> {
+        self.page_limit.store(pages.unwrap_or(0), Ordering::Release);
+        // SQLite clamps the value to its compile-time maximum.
+        let pages = pages.unwrap_or(u64::from(u32::MAX));
+        sqlx::query(&format!("PRAGMA max_page_count = {pages}"))
+            .execute(&self.write)
+            .await?;
+        Ok(())
     }
 
     async fn run_exists(&self, id: &str) -> StoreResult<()> {
@@ -246,17 +294,22 @@ impl Store for SqliteStore {
 
     async fn create_experiment(&self, name: &str) -> StoreResult<Experiment> {
         let name = common::valid_name("name", name)?;
-        let row = sqlx::query(
-            "INSERT INTO experiments (id, name, created_at) VALUES (?, ?, ?) \
-             RETURNING id, name, created_at",
-        )
-        .bind(common::new_id())
-        .bind(name)
-        .bind(now_ms())
-        .fetch_one(&self.write)
-        .await
-        .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")))?;
-        Ok(experiment(&row)?)
+        let created = async {
+            let mut tx = self.begin_write().await?;
+            let row = sqlx::query(
+                "INSERT INTO experiments (id, name, created_at) VALUES (?, ?, ?) \
+                 RETURNING id, name, created_at",
+            )
+            .bind(common::new_id())
+            .bind(name)
+            .bind(now_ms())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")))?;
+            tx.commit().await?;
+            Ok(experiment(&row)?)
+        };
+        self.health.note(created.await)
     }
 
     async fn get_experiment(&self, id_or_name: &str) -> StoreResult<Experiment> {
@@ -277,15 +330,20 @@ impl Store for SqliteStore {
             other => return other,
         }
         let name = common::valid_name("experiment", id_or_name)?;
-        sqlx::query(
-            "INSERT INTO experiments (id, name, created_at) VALUES (?, ?, ?) \
-             ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(common::new_id())
-        .bind(name)
-        .bind(now_ms())
-        .execute(&self.write)
-        .await?;
+        let created = async {
+            let mut tx = self.begin_write().await?;
+            sqlx::query(
+                "INSERT INTO experiments (id, name, created_at) VALUES (?, ?, ?) \
+                 ON CONFLICT (name) DO NOTHING",
+            )
+            .bind(common::new_id())
+            .bind(name)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await
+        };
+        self.health.note(created.await)?;
         self.get_experiment(name).await
     }
 
@@ -307,36 +365,39 @@ impl Store for SqliteStore {
         let status = new.status.unwrap_or(RunStatus::Created);
         let config = new.config.as_ref().map(|c| c.to_string());
         let now = now_ms();
-        let mut tx = self.write.begin().await?;
-        let exists = sqlx::query("SELECT 1 FROM experiments WHERE id = ?")
-            .bind(&new.experiment_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound {
-                entity: "experiment",
-                id: new.experiment_id.clone(),
-            });
-        }
-        sqlx::query(
-            "INSERT INTO runs (id, experiment_id, name, status, created_at, config) \
+        let created = async {
+            let mut tx = self.begin_write().await?;
+            let exists = sqlx::query("SELECT 1 FROM experiments WHERE id = ?")
+                .bind(&new.experiment_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if exists.is_none() {
+                return Err(StoreError::NotFound {
+                    entity: "experiment",
+                    id: new.experiment_id.clone(),
+                });
+            }
+            sqlx::query(
+                "INSERT INTO runs (id, experiment_id, name, status, created_at, config) \
              VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&id)
-        .bind(&new.experiment_id)
-        .bind(&name)
-        .bind(status.as_str())
-        .bind(now)
-        .bind(&config)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| common::map_constraint(e, "run", "run"))?;
-        if let Some(c) = &new.config {
-            insert_params(&mut tx, &id, c).await?;
-        }
-        upsert_tags(&mut tx, &id, &new.tags).await?;
-        insert_event(&mut tx, &id, now, None, status, Some("created")).await?;
-        tx.commit().await?;
+            )
+            .bind(&id)
+            .bind(&new.experiment_id)
+            .bind(&name)
+            .bind(status.as_str())
+            .bind(now)
+            .bind(&config)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| common::map_constraint(e, "run", "run"))?;
+            if let Some(c) = &new.config {
+                insert_params(&mut tx, &id, c).await?;
+            }
+            upsert_tags(&mut tx, &id, &new.tags).await?;
+            insert_event(&mut tx, &id, now, None, status, Some("created")).await?;
+            tx.commit().await
+        };
+        self.health.note(created.await)?;
         self.get_run(&id).await
     }
 
@@ -361,42 +422,45 @@ impl Store for SqliteStore {
             update.notes.as_deref(),
             update.config.as_ref(),
         )?;
-        let mut tx = self.write.begin().await?;
-        let stored: Option<String> =
-            sqlx::query_scalar::<_, Option<String>>("SELECT config FROM runs WHERE id = ?")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?
-                .ok_or_else(|| common::not_found_run(id))?;
-        if let Some(name) = &update.name {
-            let name = common::valid_name("name", name)?;
-            sqlx::query("UPDATE runs SET name = ? WHERE id = ?")
-                .bind(name)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if let Some(notes) = &update.notes {
-            sqlx::query("UPDATE runs SET notes = ? WHERE id = ?")
-                .bind(notes)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if let Some(tags) = &update.tags {
-            upsert_tags(&mut tx, id, tags).await?;
-        }
-        if let Some(config) = &update.config {
-            if common::config_is_new(stored.as_deref(), config)? {
-                sqlx::query("UPDATE runs SET config = ? WHERE id = ?")
-                    .bind(config.to_string())
+        let updated = async {
+            let mut tx = self.begin_write().await?;
+            let stored: Option<String> =
+                sqlx::query_scalar::<_, Option<String>>("SELECT config FROM runs WHERE id = ?")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .ok_or_else(|| common::not_found_run(id))?;
+            if let Some(name) = &update.name {
+                let name = common::valid_name("name", name)?;
+                sqlx::query("UPDATE runs SET name = ? WHERE id = ?")
+                    .bind(name)
                     .bind(id)
                     .execute(&mut *tx)
                     .await?;
-                insert_params(&mut tx, id, config).await?;
             }
-        }
-        tx.commit().await?;
+            if let Some(notes) = &update.notes {
+                sqlx::query("UPDATE runs SET notes = ? WHERE id = ?")
+                    .bind(notes)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            if let Some(tags) = &update.tags {
+                upsert_tags(&mut tx, id, tags).await?;
+            }
+            if let Some(config) = &update.config {
+                if common::config_is_new(stored.as_deref(), config)? {
+                    sqlx::query("UPDATE runs SET config = ? WHERE id = ?")
+                        .bind(config.to_string())
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                    insert_params(&mut tx, id, config).await?;
+                }
+            }
+            tx.commit().await
+        };
+        self.health.note(updated.await)?;
         self.get_run(id).await
     }
 
@@ -408,40 +472,43 @@ impl Store for SqliteStore {
         exit: Option<ExitInfo>,
     ) -> StoreResult<RunEvent> {
         let now = now_ms();
-        let mut tx = self.write.begin().await?;
-        let from: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = ?")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or_else(|| common::not_found_run(id))?;
-        let from = common::parse_status(&from)?;
-        sqlx::query(
-            "UPDATE runs SET status = ?, \
+        let changed = async {
+            let mut tx = self.begin_write().await?;
+            let from: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or_else(|| common::not_found_run(id))?;
+            let from = common::parse_status(&from)?;
+            sqlx::query(
+                "UPDATE runs SET status = ?, \
              started_at = CASE WHEN ? AND started_at IS NULL THEN ? ELSE started_at END, \
              ended_at = CASE WHEN ? THEN ? ELSE ended_at END WHERE id = ?",
-        )
-        .bind(status.as_str())
-        .bind(status == RunStatus::Running)
-        .bind(now)
-        .bind(status.is_terminal())
-        .bind(now)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        if let Some(exit) = &exit {
-            sqlx::query(
-                "UPDATE runs SET exit_code = ?, exit_signal = ?, exit_message = ? WHERE id = ?",
             )
-            .bind(exit.exit_code)
-            .bind(exit.signal)
-            .bind(&exit.message)
+            .bind(status.as_str())
+            .bind(status == RunStatus::Running)
+            .bind(now)
+            .bind(status.is_terminal())
+            .bind(now)
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        }
-        let event = insert_event(&mut tx, id, now, Some(from), status, reason).await?;
-        tx.commit().await?;
-        Ok(event)
+            if let Some(exit) = &exit {
+                sqlx::query(
+                    "UPDATE runs SET exit_code = ?, exit_signal = ?, exit_message = ? WHERE id = ?",
+                )
+                .bind(exit.exit_code)
+                .bind(exit.signal)
+                .bind(&exit.message)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let event = insert_event(&mut tx, id, now, Some(from), status, reason).await?;
+            tx.commit().await?;
+            Ok(event)
+        };
+        self.health.note(changed.await)
     }
 
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage> {
@@ -477,8 +544,9 @@ impl Store for SqliteStore {
         run_id: &str,
         points: &[MetricPoint],
         now_ms: i64,
-    ) -> StoreResult<Vec<StoredPoint>> {
-        self.write_points(run_id, points, now_ms).await
+    ) -> StoreResult<Appended> {
+        self.health
+            .note(self.write_points(run_id, points, now_ms).await)
     }
 
     async fn metric_keys(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
@@ -519,6 +587,14 @@ impl Store for SqliteStore {
         .fetch_all(&self.read)
         .await?;
         rows.iter().map(event).collect()
+    }
+
+    async fn health(&self) -> StoreResult<()> {
+        if self.health.failure().is_some() {
+            self.health.note(write::probe(&self.write).await)?;
+        }
+        sqlx::query("SELECT 1").execute(&self.read).await?;
+        Ok(())
     }
 
     async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {

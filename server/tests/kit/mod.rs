@@ -37,9 +37,11 @@ pub fn with_database(base: &str, name: &str) -> String {
 
 /// A brand-new Postgres database, dropped when this value is (even when the test panics).
 pub struct ScratchDb {
+    /// This database's URL.
     pub url: String,
-    base: String,
-    name: String,
+    /// The server's admin URL the database was created through.
+    pub base: String,
+    pub name: String,
 }
 
 impl ScratchDb {

@@ -1,10 +1,12 @@
 //! Metric points of the Postgres backend: batched idempotent writes, rollups, series reads.
 
-use super::PgStore;
+use super::{acquire, begin, PgStore};
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
 use crate::store::ingest;
-use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint};
+use crate::store::{
+    Appended, MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint,
+};
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
@@ -45,7 +47,7 @@ impl SeriesSource for PostgresSeries<'_> {
             .bind(self.series_id)
             .bind(from)
             .bind(to)
-            .fetch_one(self.pool)
+            .fetch_one(&mut *acquire(self.pool).await?)
             .await?;
         let (steps, values, times) = (
             steps.unwrap_or_default(),
@@ -75,13 +77,14 @@ impl SeriesSource for PostgresSeries<'_> {
         .bind(level as i32)
         .bind(from)
         .bind(to)
-        .fetch_all(self.pool)
+        .fetch_all(&mut *acquire(self.pool).await?)
         .await?;
         rows.iter().map(agg).collect()
     }
 
     async fn bounds(&self, from: i64, to: i64) -> StoreResult<Option<(i64, i64)>> {
-        let one = |order: &'static str| {
+        let mut conn = acquire(self.pool).await?;
+        let mut one = async |order: &'static str| {
             sqlx::query_scalar::<_, i64>(if order == "ASC" {
                 "SELECT step FROM metric_points WHERE series_id = $1 AND step >= $2 AND step <= $3 \
                  ORDER BY step ASC LIMIT 1"
@@ -92,7 +95,8 @@ impl SeriesSource for PostgresSeries<'_> {
             .bind(self.series_id)
             .bind(from)
             .bind(to)
-            .fetch_optional(self.pool)
+            .fetch_optional(&mut *conn)
+            .await
         };
         let first = one("ASC").await?;
         let last = one("DESC").await?;
@@ -272,11 +276,11 @@ impl PgStore {
         run_id: &str,
         points: &[MetricPoint],
         now_ms: i64,
-    ) -> StoreResult<Vec<StoredPoint>> {
+    ) -> StoreResult<Appended> {
         let batch = ingest::prepare_batch(points, now_ms)?;
         if !batch.points.is_empty() {
-            if let Some(stored) = self.append_new(run_id, &batch).await? {
-                return Ok(stored);
+            if let Some(appended) = self.append_new(run_id, &batch).await? {
+                return Ok(appended);
             }
         }
         self.upsert_batch(run_id, &batch).await
@@ -292,7 +296,7 @@ impl PgStore {
         &self,
         run_id: &str,
         batch: &ingest::Batch,
-    ) -> StoreResult<Option<Vec<StoredPoint>>> {
+    ) -> StoreResult<Option<Appended>> {
         let series = match self.series_ids.get(run_id, &batch.keys) {
             Some(series) => series,
             None => {
@@ -301,7 +305,7 @@ impl PgStore {
                 )
                 .bind(run_id)
                 .bind(&batch.keys)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *acquire(&self.pool).await?)
                 .await?;
                 if rows.len() != batch.keys.len() {
                     return Ok(None);
@@ -348,7 +352,7 @@ impl PgStore {
             .bind(ranges.iter().map(|r| r.1).collect::<Vec<_>>())
             .bind(ranges.iter().map(|r| r.2).collect::<Vec<_>>());
         let row = match bind_changes(q, &series_updates, &rollups)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *acquire(&self.pool).await?)
             .await
         {
             Ok(row) => row,
@@ -365,23 +369,23 @@ impl PgStore {
         }
         let (seqs, sids, steps): Inserted = (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
         let seqs = seqs.unwrap_or_default();
+        // Every point was new: only repeats within the batch can conflict.
+        let conflicts = ingest::conflicts(batch, &series, &HashMap::new());
         // Rows usually come back in input order; then seqs pair up with points directly.
-        if sids.as_ref() == Some(&columns.sids) && steps.as_ref() == Some(&columns.steps) {
-            return Ok(Some(ingest::stored_in_order(batch, &seqs)));
-        }
-        let inserted = inserted_map(Some(seqs), sids, steps);
-        Ok(Some(ingest::stored(batch, &series, &inserted)))
+        let stored =
+            if sids.as_ref() == Some(&columns.sids) && steps.as_ref() == Some(&columns.steps) {
+                ingest::stored_in_order(batch, &seqs)
+            } else {
+                ingest::stored(batch, &series, &inserted_map(Some(seqs), sids, steps))
+            };
+        Ok(Some(Appended { stored, conflicts }))
     }
 
     /// Writes a batch in one transaction under the run's row lock: missing series are created,
     /// points upserted (a stored (series, step) keeps its first value), and only the new points
     /// counted in their series and rollups.
-    async fn upsert_batch(
-        &self,
-        run_id: &str,
-        batch: &ingest::Batch,
-    ) -> StoreResult<Vec<StoredPoint>> {
-        let mut tx = self.pool.begin().await?;
+    async fn upsert_batch(&self, run_id: &str, batch: &ingest::Batch) -> StoreResult<Appended> {
+        let mut tx = begin(&self.pool).await?;
         // The row lock serializes writers of one run, so seq order is commit order. It is a
         // statement of its own: the statements after it take their snapshots once it is held,
         // so they see every series and point the previous holder committed.
@@ -391,7 +395,7 @@ impl PgStore {
             .await?
             .ok_or_else(|| common::not_found_run(run_id))?;
         if batch.points.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Appended::default());
         }
         let mut series = ingest::SeriesMap::default();
         let rows =
@@ -437,6 +441,26 @@ impl PgStore {
         .await?;
         let inserted = inserted_map(seqs, sids, steps);
         let outcome = ingest::summarize(batch, &series, &inserted);
+        // Values of the points that were stored before, to report the ones sent differently.
+        let (old_sids, old_steps): (Vec<i64>, Vec<i64>) =
+            ingest::not_inserted(batch, &series, &inserted)
+                .into_iter()
+                .unzip();
+        let mut earlier = HashMap::new();
+        if !old_sids.is_empty() {
+            let rows = sqlx::query(
+                "SELECT p.series_id, p.step, p.value FROM metric_points p \
+                 JOIN UNNEST($1::int8[], $2::int8[]) AS u(sid, step) \
+                 ON p.series_id = u.sid AND p.step = u.step",
+            )
+            .bind(&old_sids)
+            .bind(&old_steps)
+            .fetch_all(&mut *tx)
+            .await?;
+            for row in rows {
+                earlier.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
+            }
+        }
         if !outcome.series.is_empty() {
             let sql = format!("WITH {} SELECT 1", changes_ctes(1, "true"));
             bind_changes(sqlx::query(&sql), &outcome.series, &outcome.rollups)
@@ -445,7 +469,10 @@ impl PgStore {
         }
         tx.commit().await?;
         self.series_ids.put(run_id, &series);
-        Ok(outcome.stored)
+        Ok(Appended {
+            conflicts: ingest::conflicts(batch, &series, &earlier),
+            stored: outcome.stored,
+        })
     }
 
     pub(super) async fn keys_of(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
@@ -455,7 +482,7 @@ impl PgStore {
              WHERE run_id = $1 AND count > 0 ORDER BY key",
         )
         .bind(run_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *acquire(&self.pool).await?)
         .await?)
     }
 
@@ -471,7 +498,7 @@ impl PgStore {
             sqlx::query("SELECT id, count FROM metric_series WHERE run_id = $1 AND key = $2")
                 .bind(run_id)
                 .bind(key)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *acquire(&self.pool).await?)
                 .await?;
         let Some(series) = series else {
             self.run_exists(run_id).await?;
@@ -506,7 +533,7 @@ impl PgStore {
         .bind(after_seq.unwrap_or(0))
         .bind(after_step.unwrap_or(-1))
         .bind(limit as i64)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *acquire(&self.pool).await?)
         .await?;
         rows.iter()
             .map(|r| {
@@ -530,7 +557,7 @@ impl PgStore {
         self.run_exists(run_id).await?;
         let rows = sqlx::query("SELECT id, key FROM metric_series WHERE run_id = $1")
             .bind(run_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *acquire(&self.pool).await?)
             .await?;
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))

@@ -4,10 +4,13 @@ use super::{SqliteStore, CHUNK};
 use crate::store::common;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
 use crate::store::ingest;
-use crate::store::{MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint};
+use crate::store::{
+    Appended, MetricKey, MetricPoint, Series, SeriesPoint, StoreResult, StoredPoint,
+};
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use std::collections::HashMap;
 
 fn agg(r: &SqliteRow) -> StoreResult<Agg> {
     Ok(Agg {
@@ -93,16 +96,17 @@ impl SqliteStore {
         run_id: &str,
         points: &[MetricPoint],
         now_ms: i64,
-    ) -> StoreResult<Vec<StoredPoint>> {
+    ) -> StoreResult<Appended> {
         let batch = ingest::prepare_batch(points, now_ms)?;
-        let mut tx = self.write.begin().await?;
+        let mut tx = self.begin_write().await?;
         sqlx::query("SELECT 1 FROM runs WHERE id = ?")
             .bind(run_id)
             .fetch_optional(&mut *tx)
             .await?
             .ok_or_else(|| common::not_found_run(run_id))?;
         if batch.points.is_empty() {
-            return Ok(Vec::new());
+            tx.commit().await?;
+            return Ok(Appended::default());
         }
         // Series of the batch's keys, created on first use.
         let mut qb =
@@ -147,8 +151,12 @@ impl SqliteStore {
                 break;
             }
         }
+        let mut earlier = HashMap::new();
         let outcome = if clash {
-            self.upsert_points(&mut tx, &batch, &series, &rows).await?
+            let (outcome, stored_before) =
+                self.upsert_points(&mut tx, &batch, &series, &rows).await?;
+            earlier = stored_before;
+            outcome
         } else {
             // Every point is new: it gets the next seq in input order (above every seq ever
             // used, as AUTOINCREMENT would) and no row needs to come back.
@@ -222,19 +230,23 @@ impl SqliteStore {
             qb.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(outcome.stored)
+        Ok(Appended {
+            conflicts: ingest::conflicts(&batch, &series, &earlier),
+            stored: outcome.stored,
+        })
     }
 
     /// Inserts the points that are not stored yet, keeping stored ones as they are, and
-    /// returns what the new ones change.
+    /// returns what the new ones change and the values of those stored before
+    /// ((series, step) → value).
     async fn upsert_points(
         &self,
-        tx: &mut sqlx::Transaction<'_, Sqlite>,
+        tx: &mut super::write::WriteTx,
         batch: &ingest::Batch,
         series: &ingest::SeriesMap,
         rows: &[(i64, i64, f64, i64)],
-    ) -> StoreResult<ingest::Outcome> {
-        let mut inserted = std::collections::HashMap::with_capacity(rows.len());
+    ) -> StoreResult<(ingest::Outcome, HashMap<(i64, i64), f64>)> {
+        let mut inserted = HashMap::with_capacity(rows.len());
         for chunk in rows.chunks(CHUNK) {
             let mut qb = QueryBuilder::<Sqlite>::new(
                 "INSERT INTO metric_points (series_id, step, value, time) ",
@@ -251,7 +263,28 @@ impl SqliteStore {
                 inserted.insert((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?), seq);
             }
         }
-        Ok(ingest::summarize(batch, series, &inserted))
+        let mut earlier = HashMap::new();
+        let mut by_series: HashMap<i64, Vec<i64>> = HashMap::new();
+        for (sid, step) in ingest::not_inserted(batch, series, &inserted) {
+            by_series.entry(sid).or_default().push(step);
+        }
+        for (sid, steps) in by_series {
+            for chunk in steps.chunks(CHUNK) {
+                let mut qb = QueryBuilder::<Sqlite>::new(
+                    "SELECT step, value FROM metric_points WHERE series_id = ",
+                );
+                qb.push_bind(sid).push(" AND step IN (");
+                let mut list = qb.separated(", ");
+                for step in chunk {
+                    list.push_bind(*step);
+                }
+                qb.push(")");
+                for row in qb.build().fetch_all(&mut **tx).await? {
+                    earlier.insert((sid, row.try_get::<i64, _>(0)?), row.try_get(1)?);
+                }
+            }
+        }
+        Ok((ingest::summarize(batch, series, &inserted), earlier))
     }
 
     pub(super) async fn keys_of(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
