@@ -35,7 +35,7 @@ where
             .is_some_and(|&b| b == b'{');
         if !object {
             // Malformed JSON is still a syntax error, saying where it breaks.
-            Json::<IgnoredAny>::from_bytes(&bytes)?;
+            let Json(IgnoredAny) = Json::<IgnoredAny>::from_bytes(&bytes)?;
             return Err(ApiError::Unprocessable {
                 field: None,
                 message: "the request body must be a JSON object ({...}), not an array or a \

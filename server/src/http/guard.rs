@@ -375,7 +375,9 @@ mod tests {
             }
             r.check_site(&method, &headers).is_ok()
         };
-        let cases: &[(Method, &[(&str, &str)], bool)] = &[
+        // (method, browser headers, allowed)
+        type Case<'a> = (Method, &'a [(&'a str, &'a str)], bool);
+        let cases: &[Case] = &[
             (Method::POST, &[], true),
             (Method::POST, &[("sec-fetch-site", "same-origin")], true),
             (Method::POST, &[("sec-fetch-site", "none")], true),
