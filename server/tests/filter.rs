@@ -1,6 +1,8 @@
 //! The run-search language executed against real SQLite and Postgres databases: every filter
 //! must select exactly the same runs on both.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{PgPool, Row, SqlitePool};

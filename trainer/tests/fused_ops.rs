@@ -1,6 +1,8 @@
 //! The fused CPU kernels (causal softmax, tanh-GELU) against candle's primitive ops and against
 //! finite differences, on small tensors (one thread) and on big ones (split across threads).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use std::sync::Arc;
 

@@ -2,6 +2,8 @@
 //! rotary positions), attention qkv/proj, GELU and SwiGLU MLPs, LayerNorm and RMSNorm, the
 //! untied head, dropout, and an MoE block with its router, shared expert and aux/z losses.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use trainer::config::{Activation, ModelConfig, MoeConfig, NormKind, PositionKind};

@@ -266,6 +266,28 @@ fn field_from_serde_message(message: &str) -> Option<String> {
     looks_like_path.then(|| path.to_string())
 }
 
+/// A refused run search names its parameter (`q` keeps the filter's own error code).
+impl From<crate::search::SearchError> for ApiError {
+    fn from(e: crate::search::SearchError) -> Self {
+        match e.position {
+            Some(position) if e.field == "q" => ApiError::InvalidFilter {
+                position,
+                message: e.message,
+            },
+            _ => ApiError::bad_request(e.field, e.message),
+        }
+    }
+}
+
+impl From<crate::search::SearchOrStoreError> for ApiError {
+    fn from(e: crate::search::SearchOrStoreError) -> Self {
+        match e {
+            crate::search::SearchOrStoreError::Search(e) => e.into(),
+            crate::search::SearchOrStoreError::Store(e) => e.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

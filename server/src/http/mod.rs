@@ -9,6 +9,7 @@ pub mod error;
 pub mod extract;
 pub mod guard;
 pub mod pages;
+pub mod palette;
 pub mod serve;
 
 use axum::http::{Method, Uri};

@@ -1,7 +1,7 @@
 //! The run-search language (`GET /api/v1/runs?q=...`), MLflow-search style:
 //!
 //! ```text
-//! metrics.val/loss < 2.5 and params.training.lr = 0.001
+//! metrics.val/loss < 2.5 and params.training.learning_rate = 0.001
 //! tags.team = 'nlp' or status != 'failed'
 //! name LIKE 'gpt%'
 //! params.model.activation IN ('gelu', 'swiglu')

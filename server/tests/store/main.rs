@@ -3,6 +3,12 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`); when it is unreachable the Postgres cases
 //! fail, they are never skipped.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
+#[allow(dead_code)]
+#[path = "../kit/mod.rs"]
+mod kit;
+
 mod harness;
 
 mod downsampling;

@@ -5,10 +5,8 @@ use crate::store::{Run, RunStatus};
 use askama::Template;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Colours for compared runs (the same palette as `static/chart.js`).
-pub const PALETTE: [&str; 8] = [
-    "#2f6fde", "#e0663a", "#2a9d63", "#9b59b6", "#d4a017", "#17a2b8", "#c0392b", "#7f8c8d",
-];
+/// Colours for compared runs: the dashboard's one palette.
+pub use crate::http::palette::PALETTE;
 
 #[derive(Template)]
 #[template(path = "error.html")]
@@ -435,31 +433,6 @@ pub fn table_columns(cols: &str, runs: &[Run]) -> (Vec<String>, Vec<String>) {
     (params, metrics)
 }
 
-/// Parses the page's `sort` value: optional `-` for descending, then `created_at`, `name`,
-/// `status`, `params.<key>` or `metrics.<key>`.
-pub fn parse_sort(sort: &str) -> (crate::store::SortKey, crate::store::SortDir) {
-    use crate::store::{SortDir, SortKey};
-    let (dir, field) = match sort.strip_prefix('-') {
-        Some(f) => (SortDir::Desc, f),
-        None if sort.is_empty() => (SortDir::Desc, "created_at"),
-        None => (SortDir::Asc, sort),
-    };
-    let key = match field {
-        "name" => SortKey::Name,
-        "status" => SortKey::Status,
-        f => {
-            if let Some(p) = f.strip_prefix("params.") {
-                SortKey::Param(p.to_string())
-            } else if let Some(m) = f.strip_prefix("metrics.") {
-                SortKey::Metric(m.to_string())
-            } else {
-                SortKey::CreatedAt
-            }
-        }
-    };
-    (key, dir)
-}
-
 /// Line numbers (1-based) of each key path in a YAML mapping document, so a validation error
 /// naming `training.lr` can be shown at its line. Handles the block style profiles use.
 pub fn yaml_key_lines(yaml: &str) -> BTreeMap<String, usize> {
@@ -514,11 +487,6 @@ pub fn annotate_yaml(yaml: &str, line: Option<usize>, message: &str) -> Vec<Anno
             message: (i + 1 == bad).then(|| message.to_string()),
         })
         .collect()
-}
-
-/// Parses the runs table's `q` with the API's query language.
-pub fn parse_q(q: &str) -> Result<crate::store::filter::Filter, String> {
-    crate::store::filter::Filter::parse(q).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
