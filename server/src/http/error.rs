@@ -2,7 +2,7 @@
 //! 4xx for a client's mistake (naming the field when there is one), a logged 500 for real faults
 //! that never shows the client what went wrong inside.
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -50,6 +50,15 @@ pub enum ApiError {
     /// client should retry after `retry_after` seconds.
     #[error("{message}")]
     Unavailable { message: String, retry_after: u32 },
+    /// The `Host` is not a name of this server (the defence against DNS rebinding).
+    #[error("{0}")]
+    HostNotAllowed(String),
+    /// A browser request from another site tried to change something.
+    #[error("{0}")]
+    CrossSite(String),
+    /// The client stopped sending the request body for longer than the body timeout.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// A real fault; the cause chain is logged, the client sees only "internal error".
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -98,6 +107,9 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::CrossSite(_) => StatusCode::FORBIDDEN,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -115,6 +127,9 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::InsufficientStorage(_) => "insufficient_storage",
             ApiError::Unavailable { .. } => "unavailable",
+            ApiError::HostNotAllowed(_) => "host_not_allowed",
+            ApiError::CrossSite(_) => "cross_site",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -237,6 +252,30 @@ impl From<JsonRejection> for ApiError {
                 field: None,
                 message,
             },
+        }
+    }
+}
+
+/// Reading a request body failed: too large, too slow (the body timeout), or the connection broke.
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::PayloadTooLarge(
+                "request body is larger than the server accepts".into(),
+            );
+        }
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&rejection);
+        while let Some(err) = cause {
+            if err.is::<tower_http::timeout::TimeoutError>() {
+                return ApiError::RequestTimeout(
+                    "the request body did not arrive in time; send it without pausing".into(),
+                );
+            }
+            cause = err.source();
+        }
+        ApiError::BadRequest {
+            field: None,
+            message: rejection.body_text(),
         }
     }
 }

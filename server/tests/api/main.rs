@@ -14,6 +14,7 @@ mod errors;
 mod events;
 mod experiments;
 mod experts;
+mod exposure;
 mod metrics;
 mod openapi;
 mod runs;
