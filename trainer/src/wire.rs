@@ -188,7 +188,10 @@ mod tests {
         assert_eq!(moe_keys::expert_prefix(2), "moe/layer2/expert");
         assert_eq!(moe_keys::dropped(0), "moe/layer0/dropped");
         assert_eq!(moe_keys::entropy(7), "moe/layer7/entropy");
-        assert_eq!(moe_keys::parse_expert(&moe_keys::expert(2, 13)), Some((2, 13)));
+        assert_eq!(
+            moe_keys::parse_expert(&moe_keys::expert(2, 13)),
+            Some((2, 13))
+        );
         assert_eq!(moe_keys::parse_expert("moe/layer0/expert0"), Some((0, 0)));
     }
 

@@ -317,7 +317,11 @@ fn the_fused_attention_matches_the_primitive_ops_with_and_without_rope() -> Resu
                 assert!(diff < tol, "{label:?}: forward max diff {diff}");
 
                 let w = values(&[b, t, h * hd], dtype, 1.7)?;
-                let g_fused = autograd(|x| fused_causal_attention(x, h, scale, rope.clone()), &qkv, &w)?;
+                let g_fused = autograd(
+                    |x| fused_causal_attention(x, h, scale, rope.clone()),
+                    &qkv,
+                    &w,
+                )?;
                 let g_ref = autograd(|x| reference_attention(x, h, rope.as_deref()), &qkv, &w)?;
                 let diff = max_abs_diff(&g_fused, &g_ref)?;
                 assert!(diff < 10.0 * tol, "{label:?}: gradient max diff {diff}");

@@ -107,7 +107,10 @@ pub async fn expert_utilization(
             columns.push(series.points);
         }
         let mut extra = Vec::with_capacity(2);
-        for key in [moe_keys::dropped(layer as usize), moe_keys::entropy(layer as usize)] {
+        for key in [
+            moe_keys::dropped(layer as usize),
+            moe_keys::entropy(layer as usize),
+        ] {
             let series = state
                 .store
                 .read_series(&id, &key, None, None, read_points)

@@ -30,7 +30,6 @@ pub(crate) fn sum_rows(g: &Tensor) -> Result<Tensor> {
     g.contiguous()?.apply_op1_no_bwd(&SumRows)
 }
 
-
 /// (N, C) + (C,), with the bias gradient summed row by row.
 #[derive(Debug, Clone, Copy)]
 struct AddBias;
@@ -94,9 +93,9 @@ fn column_sums<T: Real>(g: &[T], c: usize) -> Result<Vec<T>> {
     let mut acc = vec![T::zero(); c];
     let work = c.div_ceil(BLOCK_COLS) * BLOCK_COLS * rows;
     for_each_chunk(&mut acc, BLOCK_COLS, work, |blk, out| {
-        let c0 = blk * BLOCK_COLS;
+        let (c0, c1) = (blk * BLOCK_COLS, blk * BLOCK_COLS + out.len());
         for row in g.chunks(c) {
-            for (a, &v) in out.iter_mut().zip(&row[c0..c0 + out.len()]) {
+            for (a, &v) in out.iter_mut().zip(&row[c0..c1]) {
                 *a += v;
             }
         }

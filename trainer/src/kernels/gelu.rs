@@ -23,7 +23,6 @@ pub fn fused_gelu_tanh(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(GeluTanh)
 }
 
-
 /// 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³))).
 #[derive(Debug, Clone, Copy)]
 struct GeluTanh;

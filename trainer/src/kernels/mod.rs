@@ -24,8 +24,8 @@
 pub mod attention;
 pub mod autocast;
 pub mod bias;
-mod gemm;
 pub mod gelu;
+mod gemm;
 pub mod linear;
 pub mod loss;
 pub mod norm;

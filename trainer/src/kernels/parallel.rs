@@ -16,8 +16,14 @@ use candle_core::Result;
 pub(crate) const PAR_MIN_WORK: usize = 64 * 1024;
 
 /// A raw pointer the blocks write through, each to its own disjoint region.
-#[derive(Clone, Copy)]
 pub(crate) struct SharedMut<T>(pub(crate) *mut T);
+// Copy for any T (a derive would ask T: Copy): it is only a pointer.
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
 // SAFETY: every user writes only the elements of its own block (a (batch, head) pair, a range
 // of rows or columns), so no two threads touch the same element, and the buffer outlives the
 // parallel section.

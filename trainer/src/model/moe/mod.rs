@@ -97,7 +97,7 @@ impl MoeLayer {
 
         let choices = Tensor::from_vec(plan.choices.clone(), (n, k), x.device())?; // (N, k)
         let top_p = probs.gather(&choices, 1)?; // (N, k)
-        // Top-1 keeps the raw probability (Switch), so the router still gets a gradient.
+                                                // Top-1 keeps the raw probability (Switch), so the router still gets a gradient.
         let gates = if k > 1 {
             top_p.broadcast_div(&top_p.sum_keepdim(1)?)? // (N, k)
         } else {
