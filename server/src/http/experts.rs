@@ -2,9 +2,9 @@
 //!
 //! The trainer reports the share of routed tokens per expert as ordinary metric keys,
 //! `moe/layer{L}/expert{E}` (plus `moe/layer{L}/dropped` and `moe/layer{L}/entropy`; the format
-//! lives in `trainer::wire::moe_keys`), so they go
-//! through the one ingest path and are idempotent like every point. This endpoint regroups them
-//! into a steps × experts matrix per layer, the shape a heatmap draws.
+//! lives in `trainer::wire::moe_keys`), so they go through the one ingest path and are
+//! idempotent like every point. This endpoint regroups them into a steps × experts matrix per
+//! layer, the shape a heatmap draws.
 
 use std::collections::{BTreeMap, BTreeSet};
 
