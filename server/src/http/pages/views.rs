@@ -4,6 +4,7 @@
 use crate::store::{Run, RunStatus};
 use askama::Template;
 use std::collections::{BTreeMap, BTreeSet};
+use trainer::wire::moe_keys;
 
 /// Colours for compared runs: the dashboard's one palette.
 pub use crate::http::palette::PALETTE;
@@ -305,23 +306,11 @@ pub fn tag_labels(tags: &BTreeMap<String, String>) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // Run page structure
 
-/// Parses `moe/layer{L}/expert{E}` into (L, E).
-pub fn expert_key(key: &str) -> Option<(u32, u32)> {
-    let rest = key.strip_prefix("moe/layer")?;
-    let (layer, rest) = rest.split_once('/')?;
-    let expert = rest.strip_prefix("expert")?;
-    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !all_digits(layer) || !all_digits(expert) {
-        return None;
-    }
-    Some((layer.parse().ok()?, expert.parse().ok()?))
-}
-
 /// Heatmap cards, one per MoE layer with expert-utilisation keys.
 pub fn heatmap_cards(keys: &[String]) -> Vec<HeatmapCard> {
     let mut layers: BTreeMap<u32, u32> = BTreeMap::new();
     for k in keys {
-        if let Some((l, e)) = expert_key(k) {
+        if let Some((l, e)) = moe_keys::parse_expert(k) {
             let n = layers.entry(l).or_insert(0);
             *n = (*n).max(e + 1);
         }
@@ -330,7 +319,7 @@ pub fn heatmap_cards(keys: &[String]) -> Vec<HeatmapCard> {
         .into_iter()
         .map(|(layer, experts)| HeatmapCard {
             layer,
-            prefix: format!("moe/layer{layer}/expert"),
+            prefix: moe_keys::expert_prefix(layer as usize),
             experts,
         })
         .collect()
@@ -342,7 +331,7 @@ pub fn heatmap_cards(keys: &[String]) -> Vec<HeatmapCard> {
 pub fn chart_groups(keys: &[String]) -> Vec<(String, Vec<String>)> {
     let mut groups: BTreeMap<(u8, String), Vec<String>> = BTreeMap::new();
     for k in keys {
-        if expert_key(k).is_some() {
+        if moe_keys::parse_expert(k).is_some() {
             continue;
         }
         let leaf = k.rsplit('/').next().unwrap_or(k).to_string();
@@ -414,7 +403,7 @@ pub fn table_columns(cols: &str, runs: &[Run]) -> (Vec<String>, Vec<String>) {
         metrics.extend(
             metric_keys
                 .iter()
-                .filter(|k| expert_key(k).is_none())
+                .filter(|k| moe_keys::parse_expert(k).is_none())
                 .take(2)
                 .map(|k| k.to_string()),
         );
@@ -556,6 +545,6 @@ mod tests {
         );
         let heat = heatmap_cards(&keys);
         assert_eq!((heat.len(), heat[0].layer, heat[0].experts), (1, 1, 4));
-        assert_eq!(expert_key("moe/layer2/expertx"), None);
+        assert_eq!(moe_keys::parse_expert("moe/layer2/expertx"), None);
     }
 }
