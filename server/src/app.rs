@@ -32,6 +32,9 @@ pub struct Settings {
     /// Required for any non-loopback address; then every `/api` request must carry it.
     pub admin_token: Option<String>,
     pub body_limit: usize,
+    /// Whether launch requests may run an arbitrary `command` (off by default: whoever can call
+    /// the API could otherwise run anything as the server's user).
+    pub allow_command_launch: bool,
     /// GPUs, CPU slots, stop grace period and trainer binary of the local executor
     /// (its `data_dir` is replaced by the one above).
     pub launcher: LauncherSettings,
@@ -49,6 +52,7 @@ impl std::fmt::Debug for Settings {
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
             )
             .field("body_limit", &self.body_limit)
+            .field("allow_command_launch", &self.allow_command_launch)
             .finish()
     }
 }
@@ -63,6 +67,7 @@ impl Settings {
             database_url: None,
             admin_token: None,
             body_limit: DEFAULT_BODY_LIMIT,
+            allow_command_launch: false,
         }
     }
 

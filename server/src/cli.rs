@@ -56,6 +56,9 @@ pub struct ServeArgs {
     /// Seconds a stopped run gets between SIGTERM and SIGKILL.
     #[arg(long, env = "TRAINYARD_STOP_GRACE", default_value_t = 30)]
     pub stop_grace_secs: u64,
+    /// Let launch requests run an arbitrary `command` as this server's user (off by default).
+    #[arg(long, env = "TRAINYARD_ALLOW_COMMAND_LAUNCH")]
+    pub allow_command_launch: bool,
 }
 
 impl ServeArgs {
@@ -75,6 +78,7 @@ impl ServeArgs {
             database_url: self.database_url.filter(|u| !u.is_empty()),
             admin_token: self.admin_token.filter(|t| !t.is_empty()),
             body_limit: DEFAULT_BODY_LIMIT,
+            allow_command_launch: self.allow_command_launch,
         })
     }
 }

@@ -43,6 +43,12 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// The server's settings do not allow this request (e.g. command launches are off).
+    #[error("{message}")]
+    Forbidden {
+        field: Option<String>,
+        message: String,
+    },
     /// A real fault; the cause chain is logged, the client sees only "internal error".
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -89,6 +95,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -104,6 +111,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::Forbidden { .. } => "forbidden",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -112,7 +120,8 @@ impl ApiError {
         match self {
             ApiError::BadRequest { field, .. }
             | ApiError::Unprocessable { field, .. }
-            | ApiError::Conflict { field, .. } => field.clone(),
+            | ApiError::Conflict { field, .. }
+            | ApiError::Forbidden { field, .. } => field.clone(),
             ApiError::InvalidFilter { .. } => Some("q".to_string()),
             _ => None,
         }

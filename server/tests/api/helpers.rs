@@ -6,12 +6,14 @@ use std::time::Duration;
 use futures::StreamExt;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
-use trainyard::app::{Application, Settings};
+use trainyard::app::{AppState, Application, Settings};
 
 pub struct TestApp {
     pub address: String,
     pub client: reqwest::Client,
     pub token: Option<String>,
+    /// The server's state (its live hub and launcher), for what only the inside shows.
+    pub state: AppState,
     _data_dir: tempfile::TempDir,
     /// (server URL, database name) of a Postgres test database to drop afterwards.
     pg_database: Option<(String, String)>,
@@ -57,6 +59,7 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let token = settings.admin_token.clone();
     let app = Application::build(settings).await.expect("server builds");
     let address = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state().clone();
     // Not `run_until_stopped`: its signal handlers would keep Ctrl-C from ending the tests.
     tokio::spawn(app.run_until(std::future::pending()));
     TestApp {
@@ -66,6 +69,7 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
             .build()
             .expect("client"),
         token,
+        state,
         _data_dir: data_dir,
         pg_database: None,
     }
@@ -79,6 +83,11 @@ pub fn test_database_url() -> String {
 
 /// A server on a brand-new Postgres database.
 pub async fn spawn_pg_app() -> TestApp {
+    spawn_pg_app_with(|_| {}).await
+}
+
+/// Like `spawn_pg_app`, with settings adjusted by `tweak` before the server starts.
+pub async fn spawn_pg_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let base = test_database_url();
     let name = format!("trainyard_api_test_{}", uuid::Uuid::new_v4().simple());
     let pool = sqlx::PgPool::connect(&base)
@@ -91,7 +100,11 @@ pub async fn spawn_pg_app() -> TestApp {
     pool.close().await;
     let (prefix, _) = base.rsplit_once('/').expect("database URL has a path");
     let url = format!("{prefix}/{name}");
-    let mut app = spawn_app_with(|s| s.database_url = Some(url)).await;
+    let mut app = spawn_app_with(|s| {
+        s.database_url = Some(url);
+        tweak(s);
+    })
+    .await;
     app.pg_database = Some((base, name));
     app
 }
@@ -320,6 +333,26 @@ macro_rules! on_both_backends {
             #[tokio::test]
             async fn on_postgres() {
                 super::$name(&$crate::helpers::spawn_pg_app().await).await
+            }
+        }
+    )*};
+}
+
+/// Like `on_both_backends!`, on servers whose settings `tweak` (a closure or function taking
+/// `&mut Settings`) adjusts first.
+#[macro_export]
+macro_rules! on_both_backends_with {
+    ($tweak:expr; $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn on_sqlite() {
+                let tweak = { use super::*; $tweak };
+                super::$name(&$crate::helpers::spawn_app_with(tweak).await).await
+            }
+            #[tokio::test]
+            async fn on_postgres() {
+                let tweak = { use super::*; $tweak };
+                super::$name(&$crate::helpers::spawn_pg_app_with(tweak).await).await
             }
         }
     )*};

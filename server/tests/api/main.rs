@@ -9,6 +9,7 @@ mod errors;
 mod events;
 mod experiments;
 mod experts;
+mod limits;
 mod metrics;
 mod openapi;
 mod runs;

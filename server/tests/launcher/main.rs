@@ -1,6 +1,7 @@
 //! Launcher tests: queue and GPU accounting on a fake inventory, supervision (exit, signals,
 //! restarts, stop), logs, custom commands, and surviving a server SIGKILL.
 
+mod env;
 mod helpers;
 mod restart;
 mod trainer;
