@@ -278,7 +278,8 @@ impl Worker {
                 Outcome::Sent => {
                     self.patches.remove(0);
                 }
-                Outcome::Rejected(why) => {
+                // A run update is small: "too large" means refused for good here too.
+                Outcome::Rejected(why) | Outcome::TooLarge(why) => {
                     tracing::warn!(%why, "server refused a run update");
                     self.patches.remove(0);
                 }
