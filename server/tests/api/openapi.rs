@@ -112,6 +112,13 @@ async fn every_route_documents_the_error_codes_it_can_return() {
             );
         }
         for (code, response) in op["responses"].as_object().expect("responses") {
+            let stream = &response["content"]["text/event-stream"];
+            if stream.is_object() {
+                assert_eq!(
+                    stream["schema"]["$ref"], "#/components/schemas/ServerSentEvent",
+                    "{method} {path} {code}: a stream's schema describes one event"
+                );
+            }
             if code.starts_with('4') || code.starts_with('5') {
                 let schema = &response["content"]["application/json"]["schema"]["$ref"];
                 assert_eq!(

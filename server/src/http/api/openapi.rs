@@ -32,6 +32,7 @@ use crate::app::AppState;
         super::logs::get_logs,
         openapi_json,
     ),
+    components(schemas(ServerSentEventDoc)),
     modifiers(&BearerAuth, &StandardResponses),
     tags(
         (name = "experiments"), (name = "runs"), (name = "metrics"),
@@ -72,6 +73,7 @@ impl Modify for StandardResponses {
             ];
             for operation in operations.into_iter().flatten() {
                 add_standard_responses(operation, api);
+                describe_event_streams(operation);
             }
         }
     }
@@ -126,6 +128,19 @@ fn add_standard_responses(operation: &mut Operation, api: bool) {
     }
 }
 
+/// In OpenAPI 3.1 the schema of a `text/event-stream` response describes one event, not the
+/// stream's text: every stream of this API is documented with [`ServerSentEventDoc`].
+fn describe_event_streams(operation: &mut Operation) {
+    for response in operation.responses.responses.values_mut() {
+        let RefOr::T(response) = response else {
+            continue;
+        };
+        if let Some(stream) = response.content.get_mut("text/event-stream") {
+            stream.schema = Some(Ref::from_schema_name("ServerSentEvent").into());
+        }
+    }
+}
+
 fn error_response(description: &str) -> RefOr<Response> {
     let content = Content::new(Some(Ref::from_schema_name("ErrorBody")));
     RefOr::T(
@@ -149,6 +164,19 @@ pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
 
 // The wire types live in the trainer crate, which does not depend on utoipa; these mirrors only
 // describe them in the document. A unit test below keeps the field names in step.
+
+/// One event of a `text/event-stream` response.
+#[derive(ToSchema)]
+#[schema(as = ServerSentEvent)]
+#[allow(dead_code)]
+pub struct ServerSentEventDoc {
+    /// The event's name: `points`, `status`, `log` or `end` (see the operation).
+    event: String,
+    /// A JSON document.
+    data: String,
+    /// Where a reconnecting client resumes (`Last-Event-ID`), on streams that can resume.
+    id: Option<String>,
+}
 
 /// One metric observation.
 #[derive(ToSchema)]
