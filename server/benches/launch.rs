@@ -39,6 +39,8 @@ async fn main() -> anyhow::Result<()> {
     settings.launcher.gpus = Some(vec![0, 1]);
     settings.launcher.cpu_slots = 1;
     settings.launcher.trainer_bin = Some(env!("CARGO_BIN_EXE_trainyard").into());
+    // The benchmark launches shell commands.
+    settings.allow_command_launch = true;
     let app = Application::build(settings).await?;
     let base = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until_stopped());

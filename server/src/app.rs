@@ -55,6 +55,9 @@ pub struct Settings {
     pub body_timeout: Duration,
     /// Connections served at once; more wait to be accepted.
     pub max_connections: usize,
+    /// Whether launch requests may run an arbitrary `command` (off by default: whoever can call
+    /// the API could otherwise run anything as the server's user).
+    pub allow_command_launch: bool,
     /// GPUs, CPU slots, stop grace period and trainer binary of the local executor
     /// (its `data_dir` is replaced by the one above).
     pub launcher: LauncherSettings,
@@ -77,6 +80,7 @@ impl std::fmt::Debug for Settings {
             .field("header_timeout", &self.header_timeout)
             .field("body_timeout", &self.body_timeout)
             .field("max_connections", &self.max_connections)
+            .field("allow_command_launch", &self.allow_command_launch)
             .finish()
     }
 }
@@ -96,6 +100,7 @@ impl Settings {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            allow_command_launch: false,
         }
     }
 

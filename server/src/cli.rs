@@ -84,6 +84,9 @@ pub struct ServeArgs {
     #[arg(long, env = "TRAINYARD_MAX_CONNECTIONS", default_value_t = 512,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
+    /// Let launch requests run an arbitrary `command` as this server's user (off by default).
+    #[arg(long, env = "TRAINYARD_ALLOW_COMMAND_LAUNCH")]
+    pub allow_command_launch: bool,
 }
 
 impl ServeArgs {
@@ -108,6 +111,7 @@ impl ServeArgs {
             header_timeout: Duration::from_secs(self.header_timeout_secs),
             body_timeout: Duration::from_secs(self.body_timeout_secs),
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            allow_command_launch: self.allow_command_launch,
         })
     }
 }

@@ -33,6 +33,8 @@ pub async fn spawn_app_with_store() -> (TestApp, trainyard::store::DynStore) {
     settings.launcher.gpus = Some(vec![]);
     settings.launcher.trainer_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_trainyard")));
     settings.launcher.stop_grace = Duration::from_secs(5);
+    // The stop test launches a shell command.
+    settings.allow_command_launch = true;
     let spawned = kit::spawn(settings).await;
     let address = spawned.address;
     let store = spawned.state.store.clone();

@@ -3,6 +3,14 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// Most points one `POST /api/v1/runs/{id}/metrics` request may carry: the server refuses a
+/// larger batch (422), so the reporter never sends one.
+pub const MAX_POINTS_PER_BATCH: usize = 10_000;
+
+/// Longest `reason` of a status change the server accepts, in bytes; the reporter shortens a
+/// longer one (an error chain) rather than lose the status change.
+pub const MAX_REASON_LEN: usize = 4 * 1024;
+
 /// One metric observation, as posted to `POST /api/v1/runs/{id}/metrics`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MetricPoint {

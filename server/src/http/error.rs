@@ -59,6 +59,12 @@ pub enum ApiError {
     /// The client stopped sending the request body for longer than the body timeout.
     #[error("{0}")]
     RequestTimeout(String),
+    /// The server's settings do not allow this request (e.g. command launches are off).
+    #[error("{message}")]
+    Forbidden {
+        field: Option<String>,
+        message: String,
+    },
     /// A real fault; the cause chain is logged, the client sees only "internal error".
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -110,6 +116,7 @@ impl ApiError {
             ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
             ApiError::CrossSite(_) => StatusCode::FORBIDDEN,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -130,6 +137,7 @@ impl ApiError {
             ApiError::HostNotAllowed(_) => "host_not_allowed",
             ApiError::CrossSite(_) => "cross_site",
             ApiError::RequestTimeout(_) => "request_timeout",
+            ApiError::Forbidden { .. } => "forbidden",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -138,7 +146,8 @@ impl ApiError {
         match self {
             ApiError::BadRequest { field, .. }
             | ApiError::Unprocessable { field, .. }
-            | ApiError::Conflict { field, .. } => field.clone(),
+            | ApiError::Conflict { field, .. }
+            | ApiError::Forbidden { field, .. } => field.clone(),
             ApiError::InvalidFilter { .. } => Some("q".to_string()),
             _ => None,
         }

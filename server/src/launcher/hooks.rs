@@ -21,8 +21,16 @@ impl RunHooks for AppHooks {
         reason: &str,
         exit: Option<ExitInfo>,
     ) -> anyhow::Result<()> {
-        crate::status::change_status(&*self.store, &self.live, run_id, status, Some(reason), exit)
-            .await?;
+        crate::status::change_status(
+            &*self.store,
+            &self.live,
+            run_id,
+            status,
+            Some(reason),
+            exit,
+            crate::status::Actor::Launcher,
+        )
+        .await?;
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
 /// Longest slice one offset read returns.
@@ -23,7 +23,7 @@ pub enum LogEvent {
 }
 
 /// A slice of a log file.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct LogSlice {
     /// Byte offset of `text` in the file.
     pub offset: u64,
@@ -98,33 +98,87 @@ pub fn read_tail(path: &Path, lines: usize) -> std::io::Result<LogSlice> {
     })
 }
 
-/// Broadcast channels of supervised runs' logs, created on demand.
+/// Broadcast channels of supervised runs' logs. A run has a channel only while someone follows
+/// it: following creates it, the last follower leaving removes it, and publishing to a run
+/// nobody follows costs one map lookup. So no request, however many and for whatever id, leaves
+/// anything behind.
 #[derive(Default)]
 pub struct LogHub {
-    channels: Mutex<HashMap<String, broadcast::Sender<LogEvent>>>,
+    channels: Arc<Mutex<HashMap<String, broadcast::Sender<LogEvent>>>>,
+}
+
+type Channels = Arc<Mutex<HashMap<String, broadcast::Sender<LogEvent>>>>;
+
+fn lock(
+    channels: &Channels,
+) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<LogEvent>>> {
+    // Every operation is one insert, lookup or remove: the map is consistent even after a panic.
+    channels.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl LogHub {
-    fn sender(&self, run_id: &str) -> broadcast::Sender<LogEvent> {
-        let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(run_id.to_string())
+    /// Follows a run's new output. Check that the run exists first: the channel lives as long
+    /// as the returned follower.
+    pub fn subscribe(&self, run_id: &str) -> LogFollower {
+        let receiver = lock(&self.channels)
+            .entry(run_id.to_string())
             .or_insert_with(|| broadcast::channel(1024).0)
-            .clone()
+            .subscribe();
+        LogFollower {
+            channels: Arc::clone(&self.channels),
+            run_id: run_id.to_string(),
+            receiver: Some(receiver),
+        }
     }
 
-    pub fn subscribe(&self, run_id: &str) -> broadcast::Receiver<LogEvent> {
-        self.sender(run_id).subscribe()
-    }
-
+    /// Sends to the run's followers, if it has any.
     pub fn publish(&self, run_id: &str, event: LogEvent) {
-        // No receivers is fine: nobody is following.
-        let _ = self.sender(run_id).send(event);
+        let mut map = lock(&self.channels);
+        if let Some(sender) = map.get(run_id) {
+            if sender.send(event).is_err() {
+                map.remove(run_id);
+            }
+        }
     }
 
-    /// Forgets a run's channel once it has ended (receivers still get what was sent).
+    /// Forgets a run's channel once its process has ended: followers still receive what was
+    /// sent, then see the channel closed.
     pub fn close(&self, run_id: &str) {
-        let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(run_id);
+        lock(&self.channels).remove(run_id);
+    }
+
+    /// Runs with a live channel (for tests and diagnostics).
+    pub fn channel_count(&self) -> usize {
+        lock(&self.channels).len()
+    }
+}
+
+/// One follower of a run's log; dropping the last one removes the run's channel.
+pub struct LogFollower {
+    channels: Channels,
+    run_id: String,
+    receiver: Option<broadcast::Receiver<LogEvent>>,
+}
+
+impl LogFollower {
+    pub async fn recv(&mut self) -> Result<LogEvent, broadcast::error::RecvError> {
+        match self.receiver.as_mut() {
+            Some(receiver) => receiver.recv().await,
+            None => Err(broadcast::error::RecvError::Closed),
+        }
+    }
+}
+
+impl Drop for LogFollower {
+    fn drop(&mut self) {
+        drop(self.receiver.take());
+        let mut map = lock(&self.channels);
+        if map
+            .get(&self.run_id)
+            .is_some_and(|sender| sender.receiver_count() == 0)
+        {
+            map.remove(&self.run_id);
+        }
     }
 }
 
@@ -217,6 +271,37 @@ mod tests {
                 offset: 6,
                 text: "b".into()
             })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_has_a_log_channel_only_while_someone_follows_it() {
+        let hub = LogHub::default();
+        hub.publish("r1", LogEvent::End);
+        assert_eq!(hub.channel_count(), 0, "publishing creates nothing");
+        let a = hub.subscribe("r1");
+        let mut b = hub.subscribe("r1");
+        assert_eq!(hub.channel_count(), 1);
+        hub.publish("r1", LogEvent::End);
+        assert_eq!(b.recv().await.ok(), Some(LogEvent::End));
+        drop(a);
+        assert_eq!(hub.channel_count(), 1, "one follower is left");
+        drop(b);
+        assert_eq!(hub.channel_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_closed_channel_ends_its_followers_and_a_new_one_can_be_opened() {
+        let hub = LogHub::default();
+        let mut old = hub.subscribe("r1");
+        hub.close("r1");
+        assert!(old.recv().await.is_err());
+        let _new = hub.subscribe("r1");
+        drop(old);
+        assert_eq!(
+            hub.channel_count(),
+            1,
+            "the old follower leaves the new channel alone"
         );
     }
 }

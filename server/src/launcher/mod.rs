@@ -6,6 +6,7 @@
 //! time), `config.json`, `output.log`, the wrapper's `exit_code`, and the trainer's checkpoints.
 
 pub mod adopt;
+pub mod env;
 pub mod gpus;
 pub mod hooks;
 pub mod logs;
@@ -269,7 +270,7 @@ impl Launcher {
         };
         let config = spec.config;
         let dir2 = dir.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let prepared = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             std::fs::create_dir_all(&dir2)?;
             if let Some(config) = config {
                 let text = serde_json::to_vec_pretty(&config).map_err(std::io::Error::other)?;
@@ -278,7 +279,24 @@ impl Launcher {
             record.save(&dir2)
         })
         .await
-        .map_err(std::io::Error::other)??;
+        .map_err(std::io::Error::other)
+        .and_then(|r| r);
+        if let Err(e) = prepared {
+            // The run exists already: end it with the reason rather than leave it queued with
+            // nothing that will ever start it.
+            let reason = format!("could not prepare the run directory runs/{}: {e}", run.id);
+            tracing::error!(run = %run.id, error = %e, "launch failed");
+            let exit = ExitInfo {
+                message: Some(reason.clone()),
+                ..ExitInfo::default()
+            };
+            self.inner
+                .hooks
+                .set_status(&run.id, RunStatus::Failed, &reason, Some(exit))
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            return Ok(self.inner.store.get_run(&run.id).await?);
+        }
         self.inner.state().sched.enqueue(run.id.clone(), spec.gpus);
         self.inner.wake.notify_one();
         Ok(run)

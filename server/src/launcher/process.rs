@@ -247,6 +247,9 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<(tokio::process::Child, Pr
         .stdin(Stdio::null())
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log))
+        // Never the server's own environment (database URL, admin token...): see `env.rs`.
+        .env_clear()
+        .envs(super::env::inherited(std::env::vars_os()))
         .env("TRAINYARD_SERVER_URL", spec.server_url)
         .env("TRAINYARD_RUN_ID", spec.run_id)
         .env("TRAINYARD_RUN_DIR", spec.run_dir)
@@ -257,10 +260,11 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<(tokio::process::Child, Pr
         )
         .process_group(0)
         .kill_on_drop(false);
-    match spec.token {
-        Some(token) => cmd.env("TRAINYARD_TOKEN", token),
-        None => cmd.env_remove("TRAINYARD_TOKEN"),
-    };
+    // A server that requires a token needs one from the run's reports too (the trainer posts
+    // its metrics and status with it); a server without one hands out nothing.
+    if let Some(token) = spec.token {
+        cmd.env("TRAINYARD_TOKEN", token);
+    }
     let child = cmd.spawn()?;
     let pid = child
         .id()

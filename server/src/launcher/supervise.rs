@@ -16,8 +16,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Log lines kept on a failed run's exit info.
+/// Log lines kept on a failed run's exit info, and at most this many bytes of them (the exit
+/// info shows in every run listing; one runaway line must not make it huge).
 const TAIL_LINES: usize = 20;
+const TAIL_BYTES: usize = 4 * 1024;
 const LOG_POLL: Duration = Duration::from_millis(200);
 
 /// Starts queued runs whenever slots free up; runs for the server's lifetime.
@@ -149,13 +151,14 @@ async fn supervise_attempts(
         // step the trainer wrote, however its last HTTP batch fared.
         backfill_metrics(inner, run_id, &dir).await;
         let tail = super::logs::read_tail(&dir.join(process::LOG_FILE), TAIL_LINES)
-            .map(|s| s.text)
+            .map(|s| last_bytes(&s.text, TAIL_BYTES).to_string())
             .unwrap_or_default();
         let exit = exit_info(&outcome, &tail);
         let current = inner.store.get_run(run_id).await.map(|r| r.status).ok();
         if dir.join(STOP_FILE).exists() {
-            // The trainer reports `stopped` itself after checkpointing; do not record it twice.
-            if current != Some(RunStatus::Stopped) {
+            // The trainer reports `stopped` itself after checkpointing; do not record it twice,
+            // nor overrule an end it reported first (a terminal status is final).
+            if !current.is_some_and(RunStatus::is_terminal) {
                 let reason = format!("stopped by user ({})", outcome.describe());
                 record_status(inner, run_id, RunStatus::Stopped, &reason, Some(exit)).await;
             }
@@ -176,6 +179,12 @@ async fn supervise_attempts(
             }
             return;
         }
+        if current == Some(RunStatus::Finished) {
+            // The trainer reported the end of its training (final checkpoint written); a failure
+            // while exiting afterwards neither undoes that nor calls for a relaunch.
+            tracing::warn!(run = %run_id, outcome = %outcome.describe(), "the process failed after reporting `finished`");
+            return;
+        }
         let reason = match outcome {
             Outcome::Unknown => "lost".to_string(),
             _ => outcome.describe(),
@@ -193,6 +202,15 @@ async fn supervise_attempts(
         record_status(inner, run_id, RunStatus::Failed, &reason, Some(exit)).await;
         return;
     }
+}
+
+/// The last `max` bytes of `text`, cut at a character boundary.
+fn last_bytes(text: &str, max: usize) -> &str {
+    let mut start = text.len().saturating_sub(max);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
 }
 
 fn exit_info(outcome: &Outcome, tail: &str) -> ExitInfo {

@@ -10,8 +10,9 @@ pub use trainer::wire::{MetricPoint, RunStatus};
 /// Name of the experiment runs land in when none is given (MLflow has one too).
 pub const DEFAULT_EXPERIMENT: &str = "Default";
 
-/// Most points one `append_points` call (one HTTP request) may carry.
-pub const MAX_POINTS_PER_BATCH: usize = 10_000;
+/// Most points one `append_points` call (one HTTP request) may carry (the trainer's reporter
+/// splits its batches at the same constant).
+pub use trainer::wire::MAX_POINTS_PER_BATCH;
 
 /// Largest step a point may have: 2^53. Steps from 0 to this are exact as JSON numbers in
 /// every client (a JavaScript number holds integers exactly only up to 2^53, and the dashboard

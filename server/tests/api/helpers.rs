@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
-use trainyard::app::Settings;
+use trainyard::app::{AppState, Settings};
 
 use crate::kit::{self, ScratchDb};
 
@@ -13,6 +13,8 @@ pub struct TestApp {
     pub address: String,
     pub client: reqwest::Client,
     pub token: Option<String>,
+    /// The server's state (its live hub and launcher), for what only the inside shows.
+    pub state: AppState,
     _data_dir: tempfile::TempDir,
     /// This test's own Postgres database, dropped with the app.
     _pg_database: Option<ScratchDb>,
@@ -34,6 +36,7 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
         address: spawned.address,
         client: kit::client(),
         token,
+        state: spawned.state,
         _data_dir: data_dir,
         _pg_database: None,
     }
@@ -41,9 +44,18 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
 
 /// A server on a brand-new Postgres database.
 pub async fn spawn_pg_app() -> TestApp {
+    spawn_pg_app_with(|_| {}).await
+}
+
+/// Like `spawn_pg_app`, with settings adjusted by `tweak` before the server starts.
+pub async fn spawn_pg_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let db = ScratchDb::create("trainyard_api_test").await;
     let url = db.url.clone();
-    let mut app = spawn_app_with(|s| s.database_url = Some(url)).await;
+    let mut app = spawn_app_with(|s| {
+        s.database_url = Some(url);
+        tweak(s);
+    })
+    .await;
     app._pg_database = Some(db);
     app
 }
@@ -272,6 +284,26 @@ macro_rules! on_both_backends {
             #[tokio::test]
             async fn on_postgres() {
                 super::$name(&$crate::helpers::spawn_pg_app().await).await
+            }
+        }
+    )*};
+}
+
+/// Like `on_both_backends!`, on servers whose settings `tweak` (a closure or function taking
+/// `&mut Settings`) adjusts first.
+#[macro_export]
+macro_rules! on_both_backends_with {
+    ($tweak:expr; $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn on_sqlite() {
+                let tweak = { use super::*; $tweak };
+                super::$name(&$crate::helpers::spawn_app_with(tweak).await).await
+            }
+            #[tokio::test]
+            async fn on_postgres() {
+                let tweak = { use super::*; $tweak };
+                super::$name(&$crate::helpers::spawn_pg_app_with(tweak).await).await
             }
         }
     )*};

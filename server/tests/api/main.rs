@@ -15,6 +15,7 @@ mod events;
 mod experiments;
 mod experts;
 mod exposure;
+mod limits;
 mod metrics;
 mod openapi;
 mod runs;

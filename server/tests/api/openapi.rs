@@ -65,3 +65,113 @@ async fn the_openapi_document_lists_every_endpoint() {
         );
     }
 }
+
+/// Every operation of the document, as (path, method, operation).
+fn operations(doc: &Value) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("path item") {
+            if ["get", "post", "put", "patch", "delete"].contains(&method.as_str()) {
+                out.push((path.clone(), method.clone(), operation.clone()));
+            }
+        }
+    }
+    out
+}
+
+fn documented(operation: &Value, code: &str) -> bool {
+    operation["responses"][code].is_object()
+}
+
+#[tokio::test]
+async fn every_route_documents_the_error_codes_it_can_return() {
+    let app = spawn_app().await;
+    let doc: Value = app.get_json("/api/v1/openapi.json").await;
+    let ops = operations(&doc);
+    assert!(ops.len() >= 16, "{} operations", ops.len());
+    for (path, method, op) in &ops {
+        let params = op["parameters"].as_array().cloned().unwrap_or_default();
+        let has = |place: &str| params.iter().any(|p| p["in"] == place);
+        let mut expected = vec!["500"];
+        if path.starts_with("/api/v1/") {
+            expected.push("401");
+        }
+        if has("path") {
+            expected.extend(["400", "404"]);
+        }
+        if has("query") {
+            expected.push("400");
+        }
+        if op["requestBody"].is_object() {
+            expected.extend(["400", "413", "415", "422"]);
+        }
+        for code in expected {
+            assert!(
+                documented(op, code),
+                "{method} {path} does not document {code}"
+            );
+        }
+        for (code, response) in op["responses"].as_object().expect("responses") {
+            let stream = &response["content"]["text/event-stream"];
+            if stream.is_object() {
+                assert_eq!(
+                    stream["schema"]["$ref"], "#/components/schemas/ServerSentEvent",
+                    "{method} {path} {code}: a stream's schema describes one event"
+                );
+            }
+            if code.starts_with('4') || code.starts_with('5') {
+                let schema = &response["content"]["application/json"]["schema"]["$ref"];
+                assert_eq!(
+                    schema, "#/components/schemas/ErrorBody",
+                    "{method} {path} {code} is not an ErrorBody"
+                );
+            }
+        }
+    }
+    let specific = [
+        ("/api/v1/runs", "post", "403"),
+        ("/api/v1/runs", "get", "404"),
+        ("/api/v1/runs/{id}", "patch", "409"),
+        ("/api/v1/runs/{id}/stop", "post", "409"),
+        ("/api/v1/experiments", "post", "409"),
+    ];
+    for (path, method, code) in specific {
+        assert!(
+            documented(&doc["paths"][path][method], code),
+            "{method} {path} does not document {code}"
+        );
+    }
+    let logs = &doc["paths"]["/api/v1/runs/{id}/logs"]["get"]["responses"]["200"]["content"];
+    for content_type in ["text/plain", "application/json", "text/event-stream"] {
+        assert!(
+            logs[content_type].is_object(),
+            "logs {content_type}: {logs}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn each_route_answers_a_request_for_an_unknown_run_with_a_documented_code() {
+    let app = spawn_app().await;
+    let doc: Value = app.get_json("/api/v1/openapi.json").await;
+    let unknown = "0123456789abcdef0123456789abcdef";
+    for (path, method, op) in operations(&doc) {
+        let url = app.url(&path.replace("{id}", unknown));
+        let method = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
+        let mut request = app.client.request(method.clone(), url);
+        if op["requestBody"].is_object() {
+            request = request.json(&serde_json::json!({}));
+        }
+        // Bounded: the stream of every run's events never ends by itself.
+        let response = request
+            .timeout(std::time::Duration::from_secs(10))
+            .send()
+            .await
+            .expect("request");
+        let code = response.status().as_str().to_string();
+        assert!(
+            documented(&op, &code),
+            "{method} {path} answered {code}, which it does not document"
+        );
+    }
+}

@@ -37,6 +37,8 @@ pub async fn spawn_app_with(
     settings.launcher.stop_grace = Duration::from_secs(2);
     settings.launcher.trainer_bin = Some(PathBuf::from(TRAINYARD));
     settings.launcher.sys_metrics_interval = Duration::from_millis(500);
+    // These tests launch shell commands, which a server refuses unless told otherwise.
+    settings.allow_command_launch = true;
     tweak(&mut settings);
     let spawned = kit::spawn(settings).await;
     TestApp {
@@ -164,6 +166,15 @@ pub fn free_port() -> u16 {
 }
 
 pub async fn spawn_serve(data_dir: &Path, port: u16) -> ServeProcess {
+    spawn_serve_with_env(data_dir, port, &[]).await
+}
+
+/// `trainyard serve` (command launches allowed) with these extra environment variables.
+pub async fn spawn_serve_with_env(
+    data_dir: &Path,
+    port: u16,
+    env: &[(&str, &str)],
+) -> ServeProcess {
     let child = std::process::Command::new(TRAINYARD)
         .args([
             "serve",
@@ -172,8 +183,10 @@ pub async fn spawn_serve(data_dir: &Path, port: u16) -> ServeProcess {
             "--data-dir",
         ])
         .arg(data_dir)
-        .args(["--cpu-slots", "2", "--gpus", "0"])
+        .args(["--cpu-slots", "2", "--gpus", "0", "--allow-command-launch"])
         .env_remove("DATABASE_URL")
+        .env_remove("TRAINYARD_ADMIN_TOKEN")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

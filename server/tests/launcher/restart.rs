@@ -120,6 +120,7 @@ async fn a_graceful_shutdown_ends_log_followers_and_leaves_the_run_going() {
     let data = tempfile::tempdir().unwrap();
     let mut settings = Settings::new("127.0.0.1:0".parse().unwrap(), data.path());
     settings.launcher.gpus = Some(vec![]);
+    settings.allow_command_launch = true;
     let app = Application::build(settings).await.unwrap();
     let address = format!("http://127.0.0.1:{}", app.port());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

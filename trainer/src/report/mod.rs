@@ -6,6 +6,11 @@
 //! spool is non-empty new batches join its tail, so points reach the server in step order once
 //! it is back. The server's API is idempotent on (run, key, step), so a batch resent after a lost
 //! response is not doubled.
+//!
+//! No request carries more than the server's [`MAX_POINTS_PER_BATCH`] points: however long the
+//! flush interval, pending points go out in batches of at most that many. A batch the server
+//! still refuses for its size (413, or 422 on the `points` field) is split and sent again,
+//! never dropped.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -16,7 +21,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 
-use crate::wire::{MetricBatch, MetricPoint, MetricsLine, RunPatch, RunStatus};
+use crate::wire::{
+    MetricBatch, MetricPoint, MetricsLine, RunPatch, RunStatus, MAX_POINTS_PER_BATCH,
+    MAX_REASON_LEN,
+};
 
 mod spool;
 #[cfg(test)]
@@ -117,7 +125,8 @@ impl Reporter {
         if let Some(remote) = self.remote {
             let patch = RunPatch {
                 status: Some(status),
-                reason,
+                // A longer reason would be refused, and the final status with it.
+                reason: reason.map(|r| shorten(r, MAX_REASON_LEN)),
                 ..RunPatch::default()
             };
             let _ = remote.tx.send(Msg::Finish(patch));
@@ -126,6 +135,20 @@ impl Reporter {
             }
         }
     }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked with `…` when cut.
+fn shorten(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
+    text
 }
 
 /// Rewrites `path` keeping only lines for steps <= `step` (atomically: temp file + rename).
@@ -175,14 +198,28 @@ struct Worker {
     patches: Vec<RunPatch>,
     /// After a failure, wait before trying again so a down server costs little.
     retry_at: Option<Instant>,
+    /// Points per request: the server's limit, halved each time it refuses a batch as too large.
+    batch_limit: usize,
 }
 
 enum Outcome {
     Sent,
     /// The server refused the request for good (4xx): retrying cannot help.
     Rejected(String),
+    /// The server refused the batch for its size: smaller batches will pass.
+    TooLarge(String),
     /// Unreachable or a server error: try again later.
     Retry(String),
+}
+
+/// What sending a run of points achieved.
+struct Delivery {
+    /// Points dealt with, from the start: sent, or refused for good.
+    done: usize,
+    /// Why a batch was refused for good, per refused batch.
+    refused: Vec<String>,
+    /// Set when sending stopped early: the points from `done` on are still to be sent.
+    retry: Option<String>,
 }
 
 impl Worker {
@@ -194,6 +231,7 @@ impl Worker {
             pending: Vec::new(),
             patches: Vec::new(),
             retry_at: None,
+            batch_limit: MAX_POINTS_PER_BATCH,
         })
     }
 
@@ -240,7 +278,8 @@ impl Worker {
                 Outcome::Sent => {
                     self.patches.remove(0);
                 }
-                Outcome::Rejected(why) => {
+                // A run update is small: "too large" means refused for good here too.
+                Outcome::Rejected(why) | Outcome::TooLarge(why) => {
                     tracing::warn!(%why, "server refused a run update");
                     self.patches.remove(0);
                 }
@@ -254,34 +293,70 @@ impl Worker {
             self.drain_spool(deadline);
         }
         if self.retry_at.is_none() && self.spool.is_empty() && !self.pending.is_empty() {
-            let batch = MetricBatch {
-                points: std::mem::take(&mut self.pending),
-            };
-            match self.send_batch(&batch) {
-                Outcome::Sent => {}
-                Outcome::Rejected(why) => {
-                    tracing::error!(%why, points = batch.points.len(), "server refused metrics");
-                }
-                Outcome::Retry(why) => {
-                    self.backoff(&why);
-                    self.pending = batch.points;
-                }
+            let points = std::mem::take(&mut self.pending);
+            let delivery = self.send_points(&points);
+            for why in &delivery.refused {
+                tracing::error!(%why, "server refused metrics");
+            }
+            if let Some(why) = delivery.retry {
+                self.backoff(&why);
+                self.pending = points[delivery.done..].to_vec();
             }
         }
         self.spool_pending();
     }
 
-    /// Moves unsent points to the spool so they survive a crash and keep their order.
-    fn spool_pending(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let batch = MetricBatch {
-            points: std::mem::take(&mut self.pending),
+    /// Sends `points` in order, in batches the server accepts. Stops at the first batch that
+    /// must wait (server unreachable); a batch refused for its size is split, never dropped.
+    fn send_points(&mut self, points: &[MetricPoint]) -> Delivery {
+        let mut delivery = Delivery {
+            done: 0,
+            refused: Vec::new(),
+            retry: None,
         };
-        if let Err(e) = self.spool.push(&batch) {
-            tracing::error!(error = %e, "could not spool metrics; keeping them in memory");
-            self.pending = batch.points;
+        while delivery.done < points.len() {
+            let end = points.len().min(delivery.done + self.batch_limit);
+            let batch = MetricBatch {
+                points: points[delivery.done..end].to_vec(),
+            };
+            match self.send_batch(&batch) {
+                Outcome::Sent => delivery.done = end,
+                Outcome::Rejected(why) => {
+                    delivery
+                        .refused
+                        .push(format!("{why} ({} points)", end - delivery.done));
+                    delivery.done = end;
+                }
+                Outcome::TooLarge(why) if batch.points.len() > 1 => {
+                    self.batch_limit = (batch.points.len() / 2).max(1);
+                    tracing::warn!(%why, limit = self.batch_limit, "server refused a batch as too large; splitting it");
+                }
+                Outcome::TooLarge(why) => {
+                    delivery.refused.push(why);
+                    delivery.done = end;
+                }
+                Outcome::Retry(why) => {
+                    delivery.retry = Some(why);
+                    break;
+                }
+            }
+        }
+        delivery
+    }
+
+    /// Moves unsent points to the spool so they survive a crash and keep their order (in files
+    /// of at most one batch each).
+    fn spool_pending(&mut self) {
+        while !self.pending.is_empty() {
+            let take = self.pending.len().min(MAX_POINTS_PER_BATCH);
+            let batch = MetricBatch {
+                points: self.pending[..take].to_vec(),
+            };
+            if let Err(e) = self.spool.push(&batch) {
+                tracing::error!(error = %e, "could not spool metrics; keeping them in memory");
+                return;
+            }
+            self.pending.drain(..take);
         }
     }
 
@@ -290,16 +365,19 @@ impl Worker {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return;
             }
-            match self.send_batch(&batch) {
-                Outcome::Sent => self.spool.remove(&path),
-                Outcome::Rejected(why) => {
-                    tracing::error!(%why, file = %path.display(), "server refused spooled metrics; moved aside");
-                    self.spool.reject(&path);
-                }
-                Outcome::Retry(why) => {
-                    self.backoff(&why);
-                    return;
-                }
+            // A file may hold more than one batch (written by an older reporter): the points
+            // go out in accepted sizes, and a resend after a partial delivery doubles nothing.
+            let delivery = self.send_points(&batch.points);
+            if let Some(why) = delivery.retry {
+                self.backoff(&why);
+                return;
+            }
+            if delivery.refused.is_empty() {
+                self.spool.remove(&path);
+            } else {
+                let why = delivery.refused.join("; ");
+                tracing::error!(%why, file = %path.display(), "server refused spooled metrics; moved aside");
+                self.spool.reject(&path);
             }
         }
     }
@@ -366,6 +444,9 @@ fn outcome(res: reqwest::Result<reqwest::blocking::Response>) -> Outcome {
             let status = resp.status();
             let body = resp.text().unwrap_or_default();
             let why = format!("HTTP {status}: {body}");
+            if refused_for_size(status.as_u16(), &body) {
+                return Outcome::TooLarge(why);
+            }
             // 408 and 429 are "try later"; other 4xx mean this request will never be accepted.
             if status.is_client_error() && status.as_u16() != 408 && status.as_u16() != 429 {
                 Outcome::Rejected(why)
@@ -375,4 +456,15 @@ fn outcome(res: reqwest::Result<reqwest::blocking::Response>) -> Outcome {
         }
         Err(e) => Outcome::Retry(e.to_string()),
     }
+}
+
+/// 413, or the server's 422 naming the batch's `points` as a whole (a bad point is named
+/// `points[i].field`): the same points in smaller batches will be accepted.
+fn refused_for_size(status: u16, body: &str) -> bool {
+    if status == 413 {
+        return true;
+    }
+    status == 422
+        && serde_json::from_str::<serde_json::Value>(body)
+            .is_ok_and(|v| v["error"]["field"] == "points")
 }

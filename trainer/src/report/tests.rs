@@ -174,3 +174,121 @@ fn points_logged_while_the_server_is_down_arrive_exactly_once_and_in_order() {
         .count();
     assert_eq!(left, 0, "the spool is drained");
 }
+
+/// A metrics endpoint that refuses batches over `limit` points the way the server does (422
+/// naming `points`), or with a 413 as a body-size limit in front of it would.
+fn limited_server(
+    limit: usize,
+    refuse_with_413: bool,
+) -> (String, Shared, tokio::runtime::Runtime) {
+    async fn take(
+        State((s, limit, use_413)): State<(Shared, usize, bool)>,
+        Json(batch): Json<MetricBatch>,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        if batch.points.len() > limit {
+            if use_413 {
+                return axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response();
+            }
+            let body = serde_json::json!({"error": {
+                "code": "unprocessable",
+                "field": "points",
+                "message": format!("a request may carry at most {limit} points"),
+            }});
+            return (axum::http::StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response();
+        }
+        s.lock().unwrap().batches.push(batch);
+        Json(serde_json::json!({})).into_response()
+    }
+    async fn ok() -> Json<serde_json::Value> {
+        Json(serde_json::json!({}))
+    }
+    let received: Shared = Arc::default();
+    let app = Router::new()
+        .route("/api/v1/runs/{id}/metrics", post(take))
+        .route("/api/v1/runs/{id}", patch(ok))
+        .with_state((received.clone(), limit, refuse_with_413));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (url, received, rt)
+}
+
+/// Logs `steps` steps of `keys` metrics each with a flush interval longer than the run, so
+/// everything is pending at the final flush; returns the reporter's directory.
+fn log_everything_at_once(url: String, steps: i64, keys: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let target = ServerTarget {
+        url,
+        run_id: "run42".into(),
+        token: None,
+        flush_interval: Duration::from_secs(3600),
+        final_flush_timeout: Duration::from_secs(60),
+    };
+    let mut r = Reporter::open(dir.path(), None, Some(target)).unwrap();
+    for step in 0..steps {
+        let metrics = (0..keys)
+            .map(|k| (format!("key{k}"), step as f64))
+            .collect::<BTreeMap<_, _>>();
+        r.log(&MetricsLine {
+            step,
+            time: unix_ms(),
+            metrics,
+        })
+        .unwrap();
+    }
+    r.finish(RunStatus::Finished, None);
+    dir
+}
+
+fn assert_every_point_arrived_once(received: &Shared, steps: i64, keys: usize, max_batch: usize) {
+    let got = received.lock().unwrap();
+    assert!(
+        got.batches.iter().all(|b| b.points.len() <= max_batch),
+        "batch sizes {:?}",
+        got.batches
+            .iter()
+            .map(|b| b.points.len())
+            .collect::<Vec<_>>()
+    );
+    let unique: std::collections::BTreeSet<(String, i64)> = got
+        .batches
+        .iter()
+        .flat_map(|b| &b.points)
+        .map(|p| (p.key.clone(), p.step))
+        .collect();
+    assert_eq!(unique.len(), steps as usize * keys);
+}
+
+#[test]
+fn more_pending_points_than_the_server_takes_in_one_request_are_sent_in_several_batches() {
+    // 3,000 steps × 5 keys = 15,000 points, all pending at once.
+    let (url, received, _rt) = limited_server(MAX_POINTS_PER_BATCH, false);
+    let dir = log_everything_at_once(url, 3000, 5);
+    assert_every_point_arrived_once(&received, 3000, 5, MAX_POINTS_PER_BATCH);
+    assert!(
+        !dir.path().join("spool").join("rejected").exists(),
+        "nothing was refused"
+    );
+}
+
+#[test]
+fn a_batch_refused_as_too_large_is_split_and_sent_again_instead_of_dropped() {
+    for refuse_with_413 in [true, false] {
+        let (url, received, _rt) = limited_server(700, refuse_with_413);
+        log_everything_at_once(url, 1500, 2);
+        assert_every_point_arrived_once(&received, 1500, 2, 700);
+    }
+}
+
+#[test]
+fn a_reason_longer_than_the_server_takes_is_shortened_at_a_character_boundary() {
+    let long = "é".repeat(MAX_REASON_LEN);
+    let short = shorten(long, MAX_REASON_LEN);
+    assert!(short.len() <= MAX_REASON_LEN);
+    assert!(short.ends_with('…'));
+    assert_eq!(shorten("fine".into(), MAX_REASON_LEN), "fine");
+}

@@ -7,13 +7,11 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
+use super::limits::validate_name;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiJson;
 use crate::store::Experiment;
-
-/// Longest experiment or run name accepted.
-pub const MAX_NAME_LEN: usize = 200;
 
 pub fn router() -> Router<AppState> {
     Router::new().route(
@@ -31,32 +29,6 @@ pub struct CreateExperiment {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ExperimentList {
     pub experiments: Vec<Experiment>,
-}
-
-/// Checks a user-given name: non-blank, bounded, single line.
-pub fn validate_name(field: &str, name: &str) -> Result<(), ApiError> {
-    if name.trim().is_empty() {
-        return Err(ApiError::unprocessable(
-            field,
-            format!("{field} must not be empty"),
-        ));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(ApiError::unprocessable(
-            field,
-            format!(
-                "{field} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
-                name.len()
-            ),
-        ));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(ApiError::unprocessable(
-            field,
-            format!("{field} must not contain control characters"),
-        ));
-    }
-    Ok(())
 }
 
 /// Creates an experiment; names are unique.

@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use trainer::config::{Config, ConfigError};
 
-use super::experiments::validate_name;
+use super::limits::{
+    check_len, config_limit_error, validate_name, validate_tags, yaml_limit_error,
+    MAX_COMMAND_BYTES, MAX_NAME_LEN, MAX_OVERRIDES, MAX_OVERRIDE_VALUE_LEN, MAX_PARAM_KEY_LEN,
+};
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::launcher::{LaunchError, LaunchSpec, StopOutcome};
@@ -105,7 +108,70 @@ pub fn resolve_config(req: &LaunchRequest) -> Result<Option<Config>, ApiError> {
     Ok(Some(cfg))
 }
 
+/// The size and nesting limits of everything a launch parses as YAML, checked before any parser
+/// runs: a deeply nested document costs the YAML parser far more than its size suggests.
+fn check_launch_limits(req: &LaunchRequest) -> Result<(), ApiError> {
+    let bad = |field: &str, message: String| ApiError::BadRequest {
+        field: Some(field.to_string()),
+        message,
+    };
+    match &req.config {
+        Some(serde_json::Value::String(text)) => {
+            if let Some(message) = yaml_limit_error("config", text) {
+                return Err(bad("config", message));
+            }
+        }
+        Some(value) => {
+            if let Some(message) = config_limit_error(value) {
+                return Err(bad("config", message));
+            }
+        }
+        None => {}
+    }
+    if let Some(profile) = &req.profile {
+        check_len("profile", profile, MAX_NAME_LEN)?;
+    }
+    if req.overrides.len() > MAX_OVERRIDES {
+        return Err(bad(
+            "overrides",
+            format!(
+                "overrides has {} entries; at most {MAX_OVERRIDES} are allowed",
+                req.overrides.len()
+            ),
+        ));
+    }
+    for (key, value) in &req.overrides {
+        check_len("overrides", key, MAX_PARAM_KEY_LEN)?;
+        let field = format!("overrides.{key}");
+        let problem = match value {
+            serde_json::Value::String(text) if text.len() > MAX_OVERRIDE_VALUE_LEN => {
+                Some(format!(
+                    "{field} is {} bytes long; at most {MAX_OVERRIDE_VALUE_LEN} are allowed",
+                    text.len()
+                ))
+            }
+            serde_json::Value::String(text) => yaml_limit_error(&field, text),
+            other => config_limit_error(other),
+        };
+        if let Some(message) = problem {
+            return Err(bad(&field, message));
+        }
+    }
+    Ok(())
+}
+
 fn parse_command(command: &Option<CommandSpec>) -> Result<Option<Vec<String>>, ApiError> {
+    let size = match command {
+        None => return Ok(None),
+        Some(CommandSpec::Shell(line)) => line.len(),
+        Some(CommandSpec::Argv(argv)) => argv.iter().map(String::len).sum(),
+    };
+    if size > MAX_COMMAND_BYTES {
+        return Err(ApiError::bad_request(
+            "command",
+            format!("command is {size} bytes long; at most {MAX_COMMAND_BYTES} are allowed"),
+        ));
+    }
     match command {
         None => Ok(None),
         Some(CommandSpec::Shell(line)) if line.trim().is_empty() => Err(ApiError::bad_request(
@@ -118,6 +184,22 @@ fn parse_command(command: &Option<CommandSpec>) -> Result<Option<Vec<String>>, A
         ),
         Some(CommandSpec::Argv(argv)) => Ok(Some(argv.clone())),
     }
+}
+
+/// A custom command runs anything as the server's user, so it needs the operator's explicit
+/// consent (`serve --allow-command-launch`).
+fn check_command_allowed(state: &AppState, req: &LaunchRequest) -> Result<(), ApiError> {
+    // Once accounts exist, a command launch must also come from an admin: check it here.
+    if req.command.is_some() && !state.settings.allow_command_launch {
+        return Err(ApiError::Forbidden {
+            field: Some("command".into()),
+            message: "launching a custom command is turned off on this server; an operator can \
+                      allow it with `trainyard serve --allow-command-launch` (or \
+                      TRAINYARD_ALLOW_COMMAND_LAUNCH=true)"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 impl From<LaunchError> for ApiError {
@@ -143,14 +225,16 @@ pub async fn create_launched_run(
     state: &AppState,
     req: LaunchRequest,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
-    let experiment = req.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT);
-    validate_name("experiment", experiment)?;
+    check_command_allowed(state, &req)?;
+    let experiment = req
+        .experiment
+        .clone()
+        .unwrap_or_else(|| DEFAULT_EXPERIMENT.to_string());
+    validate_name("experiment", &experiment)?;
     if let Some(name) = &req.name {
         validate_name("name", name)?;
     }
-    for key in req.tags.keys() {
-        validate_name("tags", key)?;
-    }
+    validate_tags(&req.tags)?;
     let max_restarts = req.max_restarts.unwrap_or(0);
     if max_restarts > MAX_RESTARTS {
         return Err(ApiError::bad_request(
@@ -158,15 +242,24 @@ pub async fn create_launched_run(
             format!("max_restarts must be at most {MAX_RESTARTS}"),
         ));
     }
-    let config = resolve_config(&req)?;
-    let config = config
+    let command = parse_command(&req.command)?;
+    check_launch_limits(&req)?;
+    // Parsing and validating a config is CPU work: keep it off the async workers, so a slow
+    // document delays only its own request.
+    let (req, config) = tokio::task::spawn_blocking(move || {
+        let config = resolve_config(&req);
+        (req, config)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.into()))?;
+    let config = config?
         .map(|c| serde_json::to_value(&c))
         .transpose()
         .map_err(|e| ApiError::Internal(e.into()))?;
     let spec = LaunchSpec {
         gpus: req.resources.as_ref().map(|r| r.gpus).unwrap_or(0),
         max_restarts,
-        command: parse_command(&req.command)?,
+        command,
         config: config.clone(),
     };
     state.launcher.check(&spec)?;

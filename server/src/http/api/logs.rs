@@ -19,7 +19,7 @@ use tracing::instrument;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
-use crate::launcher::logs::{read_from, read_tail, LogEvent, LogSlice};
+use crate::launcher::logs::{read_from, read_tail, LogEvent, LogFollower, LogSlice};
 
 /// How often a follower re-checks whether the run has ended (covers runs stopped while queued).
 const STATUS_POLL: Duration = Duration::from_secs(1);
@@ -65,9 +65,16 @@ fn parse_bool(field: &str, text: Option<&str>) -> Result<bool, ApiError> {
 #[utoipa::path(get, path = "/api/v1/runs/{id}/logs", tag = "launcher",
     params(("id" = String, Path, description = "Run id"), LogParams),
     responses(
-        (status = 200, description = "Log text, JSON slice, or an SSE stream with follow=true"),
+        (status = 200, description = "The log as text (`X-Next-Offset` tells where to continue), \
+            a JSON slice with format=json, or with follow=true a stream of `log` events and a \
+            final `end` event",
+            content(
+                (String = "text/plain"),
+                (LogSlice = "application/json"),
+                (String = "text/event-stream"),
+            )),
         (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody),
+        (status = 404, description = "No run with that id", body = ErrorBody),
     ))]
 #[instrument(skip(state))]
 pub async fn get_logs(
@@ -94,9 +101,11 @@ pub async fn get_logs(
             "give either offset or tail, not both",
         ));
     }
+    // The run must exist before anything is kept for it: a follower of an unknown id would
+    // otherwise hold a channel open for a run that never comes.
+    state.store.get_run(&id).await?;
     // Subscribe before reading so no line falls between the read and the live stream.
     let rx = follow.then(|| state.launcher.logs().subscribe(&id));
-    state.store.get_run(&id).await?;
     let path = state.launcher.log_path(&id);
     let slice = tokio::task::spawn_blocking(move || match tail {
         Some(n) => read_tail(&path, n as usize),
@@ -135,7 +144,7 @@ fn log_event(offset: u64, text: &str) -> Event {
 struct Follow {
     state: AppState,
     id: String,
-    rx: tokio::sync::broadcast::Receiver<LogEvent>,
+    rx: LogFollower,
     /// Everything before this offset has been sent.
     pos: u64,
     first: Option<LogSlice>,
@@ -240,7 +249,7 @@ fn follow_stream(
     state: AppState,
     id: String,
     first: LogSlice,
-    rx: tokio::sync::broadcast::Receiver<LogEvent>,
+    rx: LogFollower,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let follow = Follow {
         state,

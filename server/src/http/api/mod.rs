@@ -7,6 +7,7 @@ pub mod experiments;
 pub mod experts;
 pub mod health;
 pub mod launch;
+pub mod limits;
 pub mod logs;
 pub mod metrics;
 pub mod openapi;

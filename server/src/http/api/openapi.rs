@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use axum::routing::get;
 use axum::{Json, Router};
+use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::app::AppState;
@@ -30,7 +32,8 @@ use crate::app::AppState;
         super::logs::get_logs,
         openapi_json,
     ),
-    modifiers(&BearerAuth),
+    components(schemas(ServerSentEventDoc)),
+    modifiers(&BearerAuth, &StandardResponses),
     tags(
         (name = "experiments"), (name = "runs"), (name = "metrics"),
         (name = "events", description = "Server-sent events"), (name = "health"),
@@ -51,6 +54,103 @@ impl Modify for BearerAuth {
     }
 }
 
+/// Documents the error responses every route shares, from the shape of its operation, so no
+/// route can forget one: 401 under `/api/v1` (a server with an admin token), 400 and 404 for a
+/// path with an id, 400 for query parameters, 400/413/415/422 for a JSON body, and 500. A
+/// route's own codes (409, 403...) are in its `#[utoipa::path]`.
+struct StandardResponses;
+
+impl Modify for StandardResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let api = path.starts_with("/api/v1/");
+            let operations = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for operation in operations.into_iter().flatten() {
+                add_standard_responses(operation, api);
+                describe_event_streams(operation);
+            }
+        }
+    }
+}
+
+fn add_standard_responses(operation: &mut Operation, api: bool) {
+    let has_param = |place: ParameterIn| {
+        operation
+            .parameters
+            .iter()
+            .flatten()
+            .any(|p| p.parameter_in == place)
+    };
+    let (in_path, in_query) = (has_param(ParameterIn::Path), has_param(ParameterIn::Query));
+    let has_body = operation.request_body.is_some();
+    let mut codes: Vec<(&str, &str)> = Vec::new();
+    if api {
+        codes.push((
+            "401",
+            "Missing or wrong bearer token (a server with an admin token)",
+        ));
+    }
+    if in_path {
+        codes.push(("400", "A path parameter that does not decode"));
+        codes.push(("404", "No run with that id"));
+    }
+    if in_query {
+        codes.push((
+            "400",
+            "A query parameter that does not parse (`field` names it)",
+        ));
+    }
+    if has_body {
+        codes.push(("400", "A body that is not JSON"));
+        codes.push(("413", "A body larger than the server accepts"));
+        codes.push(("415", "A body whose Content-Type is not application/json"));
+        codes.push((
+            "422",
+            "JSON with a wrong or over-long field (`field` names it)",
+        ));
+    }
+    codes.push((
+        "500",
+        "Internal error: logged by the server, never detailed in the response",
+    ));
+    for (code, description) in codes {
+        operation
+            .responses
+            .responses
+            .entry(code.to_string())
+            .or_insert_with(|| error_response(description));
+    }
+}
+
+/// In OpenAPI 3.1 the schema of a `text/event-stream` response describes one event, not the
+/// stream's text: every stream of this API is documented with [`ServerSentEventDoc`].
+fn describe_event_streams(operation: &mut Operation) {
+    for response in operation.responses.responses.values_mut() {
+        let RefOr::T(response) = response else {
+            continue;
+        };
+        if let Some(stream) = response.content.get_mut("text/event-stream") {
+            stream.schema = Some(Ref::from_schema_name("ServerSentEvent").into());
+        }
+    }
+}
+
+fn error_response(description: &str) -> RefOr<Response> {
+    let content = Content::new(Some(Ref::from_schema_name("ErrorBody")));
+    RefOr::T(
+        utoipa::openapi::ResponseBuilder::new()
+            .description(description)
+            .content("application/json", content)
+            .build(),
+    )
+}
+
 pub fn router() -> Router<AppState> {
     Router::new().route("/openapi.json", get(openapi_json))
 }
@@ -64,6 +164,19 @@ pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
 
 // The wire types live in the trainer crate, which does not depend on utoipa; these mirrors only
 // describe them in the document. A unit test below keeps the field names in step.
+
+/// One event of a `text/event-stream` response.
+#[derive(ToSchema)]
+#[schema(as = ServerSentEvent)]
+#[allow(dead_code)]
+pub struct ServerSentEventDoc {
+    /// The event's name: `points`, `status`, `log` or `end` (see the operation).
+    event: String,
+    /// A JSON document.
+    data: String,
+    /// Where a reconnecting client resumes (`Last-Event-ID`), on streams that can resume.
+    id: Option<String>,
+}
 
 /// One metric observation.
 #[derive(ToSchema)]
@@ -94,15 +207,18 @@ pub struct MetricBatchDoc {
 #[schema(as = RunPatch)]
 #[allow(dead_code)]
 pub struct RunPatchDoc {
+    /// At most 200 bytes, one line.
     name: Option<String>,
-    /// Merged into the run's tags.
+    /// Merged into the run's tags (keys like names, values at most 4 KiB, 256 tags a run).
     tags: Option<BTreeMap<String, String>>,
+    /// At most 64 KiB.
     notes: Option<String>,
-    /// created, queued, running, finished, failed or stopped.
+    /// created, queued, running, finished, failed or stopped; only changes the run lifecycle
+    /// allows (409 otherwise).
     status: Option<String>,
-    /// Why the status changed (needs `status`).
+    /// Why the status changed (needs `status`); at most 4 KiB.
     reason: Option<String>,
-    /// Resolved config; write-once.
+    /// Resolved config; write-once; at most 256 KiB as JSON and 32 levels deep.
     #[schema(value_type = Option<Object>)]
     config: Option<serde_json::Value>,
 }

@@ -6,18 +6,21 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use trainer::wire::RunPatch;
 
-use super::experiments::validate_name;
+use super::limits::{
+    check_len, preview, validate_config, validate_name, validate_tags, LIST_NOTES_LEN,
+    MAX_NOTES_LEN, MAX_REASON_LEN, MAX_TAGS,
+};
 use super::openapi::RunPatchDoc;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::{ApiJson, ApiQuery};
 use crate::search::SearchParams;
-use crate::status::change_status;
-use crate::store::{NewRun, Run, RunPage, RunUpdate, DEFAULT_EXPERIMENT};
+use crate::status::{change_status, illegal_transition, transition_allowed, Actor};
+use crate::store::{ExitInfo, LatestMetric, NewRun, Run, RunStatus, RunUpdate, DEFAULT_EXPERIMENT};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -91,29 +94,75 @@ impl CreateRun {
     }
 }
 
-fn validate_config(config: &Option<serde_json::Value>) -> Result<(), ApiError> {
-    match config {
-        Some(v) if !v.is_object() => Err(ApiError::unprocessable(
-            "config",
-            "config must be a JSON object",
-        )),
-        _ => Ok(()),
+/// A run as the runs list shows it: everything but the config (its flattened `params` are
+/// here) and at most the first 1,024 bytes of the notes. `GET /api/v1/runs/{id}` has both whole.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RunSummary {
+    pub id: String,
+    pub name: String,
+    pub experiment_id: String,
+    #[schema(value_type = String)]
+    pub status: RunStatus,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub params: BTreeMap<String, String>,
+    pub tags: BTreeMap<String, String>,
+    /// The start of the notes.
+    pub notes: String,
+    /// True when `notes` is only the start of the run's notes.
+    pub notes_truncated: bool,
+    pub exit: Option<ExitInfo>,
+    pub latest_metrics: BTreeMap<String, LatestMetric>,
+}
+
+impl From<Run> for RunSummary {
+    fn from(run: Run) -> Self {
+        let notes_truncated = run.notes.len() > LIST_NOTES_LEN;
+        let notes = if notes_truncated {
+            preview(&run.notes, LIST_NOTES_LEN).to_string()
+        } else {
+            run.notes
+        };
+        RunSummary {
+            id: run.id,
+            name: run.name,
+            experiment_id: run.experiment_id,
+            status: run.status,
+            created_at: run.created_at,
+            started_at: run.started_at,
+            ended_at: run.ended_at,
+            params: run.params,
+            tags: run.tags,
+            notes,
+            notes_truncated,
+            exit: run.exit,
+            latest_metrics: run.latest_metrics,
+        }
     }
 }
 
-fn validate_tags(tags: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    for key in tags.keys() {
-        validate_name("tags", key)?;
-    }
-    Ok(())
+/// One page of `GET /api/v1/runs`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RunList {
+    pub runs: Vec<RunSummary>,
+    /// Pass back as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
 }
 
 /// Creates a run (status `created`) in an experiment named or identified by `experiment`.
 #[utoipa::path(post, path = "/api/v1/runs", tag = "runs",
     request_body = CreateRun,
     responses(
-        (status = 201, description = "Created", body = Run),
-        (status = 422, description = "Invalid field", body = ErrorBody),
+        (status = 201, description = "Created (a launch whose run directory cannot be prepared \
+            is created `failed`, with the reason)", body = Run),
+        (status = 400, description = "Malformed request, a launch-only field without \
+            `launch`, or a launch config that is invalid or over its limits", body = ErrorBody),
+        (status = 403, description = "A `command` launch on a server that does not allow them",
+            body = ErrorBody),
+        (status = 404, description = "No experiment with that id", body = ErrorBody),
+        (status = 422, description = "Invalid field or a field over its size limit",
+            body = ErrorBody),
     ))]
 #[instrument(skip(state, body))]
 pub async fn create_run(
@@ -165,14 +214,22 @@ pub async fn get_run(
 /// Searches runs with filters on status, tags, params and latest metrics; cursor-paginated.
 #[utoipa::path(get, path = "/api/v1/runs", tag = "runs",
     params(SearchParams),
-    responses((status = 200, body = RunPage), (status = 400, body = ErrorBody)))]
+    responses(
+        (status = 200, body = RunList),
+        (status = 400, body = ErrorBody),
+        (status = 404, description = "No experiment with that id or name", body = ErrorBody),
+    ))]
 #[instrument(skip(state))]
 pub async fn search_runs(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<SearchParams>,
-) -> Result<Json<RunPage>, ApiError> {
+) -> Result<Json<RunList>, ApiError> {
     let query = params.to_query(&state.store).await?;
-    Ok(Json(state.store.search_runs(&query).await?))
+    let page = state.store.search_runs(&query).await?;
+    Ok(Json(RunList {
+        runs: page.runs.into_iter().map(RunSummary::from).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }
 
 /// Updates name, tags (merged), notes, the write-once config, and/or the status (with a reason).
@@ -182,8 +239,11 @@ pub async fn search_runs(
     responses(
         (status = 200, description = "The updated run", body = Run),
         (status = 404, body = ErrorBody),
-        (status = 409, description = "Config already set to something else", body = ErrorBody),
-        (status = 422, body = ErrorBody),
+        (status = 409, description = "Config already set to something else, or a status \
+            change the run lifecycle does not allow (the message names both statuses)",
+            body = ErrorBody),
+        (status = 422, description = "Invalid field or a field over its size limit",
+            body = ErrorBody),
     ))]
 #[instrument(skip(state, patch))]
 pub async fn patch_run(
@@ -198,11 +258,40 @@ pub async fn patch_run(
     if let Some(tags) = &patch.tags {
         validate_tags(tags)?;
     }
+    if let Some(notes) = &patch.notes {
+        check_len("notes", notes, MAX_NOTES_LEN)?;
+    }
+    if let Some(reason) = &patch.reason {
+        check_len("reason", reason, MAX_REASON_LEN)?;
+    }
     if patch.reason.is_some() && patch.status.is_none() {
         return Err(ApiError::unprocessable(
             "reason",
             "a reason is only accepted together with a status",
         ));
+    }
+    let current = state.store.get_run(&id).await?;
+    // Refuse an illegal status change before anything else is written, so a refused request
+    // changes nothing (`change_status` checks again under the run's lock).
+    if let Some(status) = patch.status {
+        if status != current.status && !transition_allowed(current.status, status, Actor::Client) {
+            return Err(illegal_transition(current.status, status).into());
+        }
+    }
+    if let Some(tags) = &patch.tags {
+        // Tags merge into the run's: bound the result, not only this request.
+        let merged = current
+            .tags
+            .keys()
+            .chain(tags.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        if merged > MAX_TAGS {
+            return Err(ApiError::unprocessable(
+                "tags",
+                format!("the run would have {merged} tags; at most {MAX_TAGS} are allowed"),
+            ));
+        }
     }
     let update = RunUpdate {
         name: patch.name.map(|n| n.trim().to_string()),
@@ -217,7 +306,7 @@ pub async fn patch_run(
     let mut run = if has_update {
         state.store.update_run(&id, update).await?
     } else {
-        state.store.get_run(&id).await?
+        current
     };
     if let Some(status) = patch.status {
         if status != run.status {
@@ -228,6 +317,7 @@ pub async fn patch_run(
                 status,
                 patch.reason.as_deref(),
                 None,
+                Actor::Client,
             )
             .await?;
             run = state.store.get_run(&id).await?;
