@@ -239,14 +239,9 @@ impl Filter {
         &self.expr
     }
 
-    /// Pushes the filter as one parenthesized boolean condition on `runs r` for SQLite.
-    pub fn push_sqlite(&self, qb: &mut sqlx::QueryBuilder<'_, sqlx::Sqlite>) {
-        render::push(&self.expr, qb);
-    }
-
-    /// Pushes the filter as one parenthesized boolean condition on `runs r` for Postgres.
-    pub fn push_postgres(&self, qb: &mut sqlx::QueryBuilder<'_, sqlx::Postgres>) {
-        render::push(&self.expr, qb);
+    /// Appends the filter as one parenthesized boolean condition on `runs r`.
+    pub fn push(&self, sql: &mut crate::store::sql::Sql, dialect: crate::store::sql::Dialect) {
+        render::push(&self.expr, &mut render::Out { sql, dialect });
     }
 }
 

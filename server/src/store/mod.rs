@@ -1,5 +1,6 @@
-//! The tracking store: one interface, two backends (SQLite embedded default, Postgres for teams).
-//! Both backends pass one shared test suite; a behaviour difference between them is a bug.
+//! The tracking store: one interface, two databases (SQLite embedded default, Postgres for
+//! teams), one implementation (`SqlStore`). Both pass one shared test suite; a behaviour
+//! difference between them is a bug.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -351,24 +352,17 @@ mod common;
 pub mod downsample;
 pub mod filter;
 pub(crate) mod ingest;
-pub mod postgres;
-mod search_filter;
-pub mod sqlite;
+mod postgres;
+mod search;
+pub mod sql;
+mod sql_store;
+mod sqlite;
+
+pub use sql_store::SqlStore;
 
 /// Opens the store the URL names (`sqlite:` or `postgres://`) and runs its migrations.
 pub async fn connect(database_url: &str) -> StoreResult<DynStore> {
-    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PgStore::connect(database_url).await?) as DynStore)
-    } else if database_url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::connect(database_url).await?) as DynStore)
-    } else {
-        Err(StoreError::Invalid {
-            field: "database_url",
-            message: format!(
-                "unsupported database URL `{database_url}`: expected sqlite:PATH or postgres://..."
-            ),
-        })
-    }
+    Ok(Arc::new(SqlStore::open(database_url).await?) as DynStore)
 }
 
 /// Flattens a JSON config into dotted keys: `{"training": {"lr": 0.001}}` → `training.lr = 0.001`.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use sqlx::Connection;
 
 use crate::harness::{app_over, call};
-use trainyard::store::sqlite::SqliteStore;
+use trainyard::store::SqlStore;
 use trainyard::store::{DynStore, MetricPoint, NewRun, RunUpdate, StoreError};
 
 fn batch(key: &str, first_step: i64, n: i64) -> Vec<MetricPoint> {
@@ -54,7 +54,7 @@ struct Acknowledged {
 struct Full {
     _dir: tempfile::TempDir,
     url: String,
-    sqlite: Arc<SqliteStore>,
+    sqlite: Arc<SqlStore>,
     store: DynStore,
     run: String,
 }
@@ -63,7 +63,7 @@ struct Full {
 async fn nearly_full_store() -> Full {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("store.db").display());
-    let sqlite = Arc::new(SqliteStore::connect(&url).await.expect("open"));
+    let sqlite = Arc::new(SqlStore::open(&url).await.expect("open"));
     let store: DynStore = sqlite.clone();
     let run = store.create_run(new_run("filling")).await.expect("run").id;
     let pages = page_count(&url).await;
@@ -167,7 +167,7 @@ async fn sqlite_after_a_full_disk_every_acknowledged_write_survives_a_reopen() {
 
     // Everything acknowledged is on disk.
     full.sqlite.close().await;
-    let reopened = SqliteStore::connect(&full.url).await.expect("reopen");
+    let reopened = SqlStore::open(&full.url).await.expect("reopen");
     let series =
         trainyard::store::Store::read_series(&reopened, &full.run, "loss", None, None, 100_000)
             .await
