@@ -239,7 +239,7 @@ async fn sqlite_a_full_disk_is_a_507_and_healthz_is_unhealthy_until_there_is_roo
         &app,
         "PATCH",
         &format!("/api/v1/runs/{}", full.run),
-        Some(serde_json::json!({"notes": "x".repeat(200_000)})),
+        Some(serde_json::json!({"notes": "x".repeat(65_000)})),
     )
     .await;
     assert_eq!(status, 507, "an update that needs room: {body}");

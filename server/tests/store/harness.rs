@@ -68,6 +68,8 @@ pub async fn call(
     let request = axum::http::Request::builder()
         .method(method)
         .uri(path)
+        // What any HTTP/1.1 client sends; the server refuses requests without it.
+        .header("host", "127.0.0.1")
         .header("content-type", "application/json")
         .body(axum::body::Body::from(
             body.map(|b| b.to_string()).unwrap_or_default(),
