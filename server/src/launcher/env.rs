@@ -2,7 +2,7 @@
 //! URL (with its password), the admin token and whatever else the operator exported. A run gets
 //! the variables a program needs to work (paths, locale, time zone, temp dir, user), the
 //! GPU/CUDA and thread-pool settings, Rust's logging switches, and the `TRAINYARD_*` variables
-//! the launcher sets for it. `docs/security-limits.md` lists them for users.
+//! the launcher sets for it. `docs/security.md` lists them for users.
 
 use std::ffi::{OsStr, OsString};
 

@@ -1,7 +1,7 @@
 //! How much text a client may store per field, checked before anything reaches the store or a
 //! parser. Every limit is one constant here; a field over its limit is a 422 naming the field
 //! and the limit (a launch request's config is a 400, like every other launch-config mistake).
-//! `docs/security-limits.md` lists them for users.
+//! `docs/security.md` lists them for users.
 
 use std::collections::BTreeMap;
 
