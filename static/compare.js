@@ -1,6 +1,7 @@
 // Compare page: one metric overlaid across runs, with smoothing and log scale.
-import { LineChart, PALETTE } from "./chart.js";
-import { getJSON, registry } from "./live.js";
+import { LineChart } from "./chart.js";
+import { fetchSeries } from "./api.js";
+import { registry } from "./live.js";
 
 const box = document.getElementById("compare-chart");
 const key = box.dataset.key;
@@ -11,14 +12,13 @@ const chart = new LineChart(box, {
 });
 
 async function load(run, series, start, end) {
-  const params = new URLSearchParams({ key, max_points: String(Math.max(400, box.clientWidth * 2)) });
-  if (start !== null && start !== undefined) params.set("start_step", String(start));
-  if (end !== null && end !== undefined) params.set("end_step", String(end));
-  const data = await getJSON(`/api/v1/runs/${encodeURIComponent(run.id)}/metrics?${params}`);
+  const maxPoints = Math.max(400, box.clientWidth * 2);
+  const data = await fetchSeries(run.id, key, { maxPoints, start, end });
   series.setPoints(data.points);
 }
 
-runs.forEach((r, i) => chart.addSeries(r.name, PALETTE[i % PALETTE.length]));
+// Series take the palette in run order, as the server-rendered swatches do.
+for (const r of runs) chart.addSeries(r.name);
 await Promise.all(runs.map((r, i) => load(r, chart.series[i])));
 chart.redraw();
 reg.compare = { key, series: chart.series.map((s) => ({ label: s.label, points: s.n })) };

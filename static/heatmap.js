@@ -1,5 +1,9 @@
 // Expert-utilisation heatmap: rows are experts, columns are steps, colour is the fraction of
-// tokens routed to the expert; beside it, bars of the current (latest) load.
+// tokens routed to the expert; beside it, bars of the current (latest) load. The rows come
+// from the expert-utilization API, already grouped per layer; live points are routed to a row
+// by the key the page lists for it, so nothing here knows how expert metric keys are spelled.
+
+import { cssVar, prepareCanvas, FONT } from "./chart/draw.js";
 
 const STOPS = [
   [0.0, [24, 28, 70]],
@@ -38,9 +42,26 @@ export class Heatmap {
   }
 
   set(expert, step, value) {
-    if (expert < 0 || expert >= this.experts) return;
+    if (!this.put(expert, step, value)) return;
+    this.changed();
+  }
+
+  /** Loads a layer's matrix: `fractions[row][expert]` at `steps[row]`, null for no value. */
+  setMatrix(steps, fractions) {
+    steps.forEach((step, row) => {
+      fractions[row].forEach((v, e) => { if (v !== null && v !== undefined) this.put(e, step, v); });
+    });
+    this.changed();
+  }
+
+  put(expert, step, value) {
+    if (expert < 0 || expert >= this.experts) return false;
     this.rows[expert].set(step, value);
     this.steps.add(step);
+    return true;
+  }
+
+  changed() {
     this.box.dataset.cells = String(this.rows.reduce((a, r) => a + r.size, 0));
     this.redraw();
   }
@@ -52,15 +73,10 @@ export class Heatmap {
   }
 
   draw() {
-    const dpr = window.devicePixelRatio || 1;
-    const w = this.box.clientWidth, h = this.box.clientHeight;
-    if (!w || !h) return;
-    this.canvas.width = Math.round(w * dpr);
-    this.canvas.height = Math.round(h * dpr);
-    const ctx = this.canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, w, h);
-    const muted = getComputedStyle(this.box).getPropertyValue("--muted").trim() || "#666";
+    const canvas = prepareCanvas(this.canvas, this.box);
+    if (!canvas) return;
+    const { ctx, w, h } = canvas;
+    const muted = cssVar(this.box, "--muted", "#666");
     const left = 34, bottom = 20, barW = 90, gap = 14;
     const hw = w - left - barW - gap, hh = h - bottom;
     const steps = [...this.steps].sort((a, b) => a - b);
@@ -68,7 +84,7 @@ export class Heatmap {
     let maxV = 0;
     for (const r of this.rows) for (const v of r.values()) maxV = Math.max(maxV, v);
     const scale = maxV > 0 ? maxV : 1;
-    ctx.font = "11px system-ui, sans-serif";
+    ctx.font = FONT;
     ctx.fillStyle = muted;
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";

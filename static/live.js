@@ -1,9 +1,20 @@
-// Server-sent events with reconnect. EventSource already resumes with Last-Event-ID after a
-// dropped connection; when the browser gives up (readyState CLOSED), we reopen with backoff.
+// Server-sent events with reconnect, and the page state they drive (status badges, test hook).
+//
+// Events the server sends, by stream:
+//   /api/v1/runs/{id}/events   `points` {run_id, points: [{key, step, value, time, seq}]},
+//                              `status` {run_id, from_status, to_status, reason, ...},
+//                              `stream_error` (the server ended the stream on its own failure)
+//   /api/v1/events             `status` (every run), `lagged` {missed}
+//   /api/v1/runs/{id}/logs     `log` {offset, text}, `end` {status}
+// EventSource's own `error` event is the connection's state, never a server event.
+//
+// EventSource already resumes with Last-Event-ID after a dropped connection (and after the
+// server ends a stream); when the browser gives up (readyState CLOSED), we reopen with backoff.
 
 /**
- * Subscribes to an SSE endpoint. `handlers` maps event names to callbacks receiving parsed JSON
- * (the default unnamed event is "message"). Returns a handle with close().
+ * Subscribes to an SSE endpoint. `handlers` maps server event names to callbacks receiving the
+ * parsed JSON data (plain text when it is not JSON). `url` may be a function, re-evaluated on
+ * every reopen. Returns a handle with close().
  */
 export function subscribe(url, handlers, { onState } = {}) {
   let es = null;
@@ -35,20 +46,10 @@ export function subscribe(url, handlers, { onState } = {}) {
   return { close() { closed = true; es?.close(); } };
 }
 
-/** Normalises a points payload into an array of {key, step, value, time}. */
-export function pointsOf(data) {
-  if (Array.isArray(data)) return data;
-  if (data && Array.isArray(data.points)) return data.points;
-  if (data && typeof data.key === "string") return [data];
-  return [];
-}
-
-/** Normalises a status payload into {run_id, status, reason}. */
+/** A `status` event's data as {run_id, status, reason}, or null when it is not one. */
 export function statusOf(data) {
-  if (!data || typeof data !== "object") return null;
-  const status = data.to_status ?? data.status;
-  if (typeof status !== "string") return null;
-  return { run_id: data.run_id, status, reason: data.reason ?? null };
+  if (!data || typeof data !== "object" || typeof data.to_status !== "string") return null;
+  return { run_id: data.run_id, status: data.to_status, reason: data.reason ?? null };
 }
 
 /** Updates every status badge of a run on the page. */
@@ -60,28 +61,7 @@ export function setBadges(runId, status) {
   }
 }
 
-export async function getJSON(url) {
-  const res = await fetch(url, { headers: { accept: "application/json" } });
-  if (!res.ok) throw new Error(`${url}: HTTP ${res.status}`);
-  return res.json();
-}
-
-export async function sendJSON(method, url, body) {
-  const res = await fetch(url, {
-    method,
-    headers: { "content-type": "application/json", accept: "application/json" },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  let data = null;
-  try { data = await res.json(); } catch { /* empty body */ }
-  if (!res.ok) {
-    const msg = data?.error?.message ?? `HTTP ${res.status}`;
-    throw new Error(msg);
-  }
-  return data;
-}
-
-/** Test and debugging hook: live chart state by key. */
+/** Test and debugging hook: `window.__trainyard` ({charts: {key: {...}}, events, ...}). */
 export function registry() {
   window.__trainyard ??= { charts: {}, events: 0 };
   return window.__trainyard;

@@ -1,56 +1,44 @@
 // Run page: live charts, heatmaps, log pane, status badge and edit forms.
-import { LineChart, PALETTE } from "./chart.js";
+import { LineChart } from "./chart.js";
+import { LiveFeed } from "./chart/live.js";
 import { Heatmap } from "./heatmap.js";
-import { subscribe, pointsOf, statusOf, setBadges, getJSON, sendJSON, registry } from "./live.js";
+import { runPath, fetchSeries, fetchExpertUtilization, sendJSON } from "./api.js";
+import { subscribe, statusOf, setBadges, registry } from "./live.js";
 
 const root = document.querySelector("[data-run-id]");
 const runId = root.dataset.runId;
-const api = `/api/v1/runs/${encodeURIComponent(runId)}`;
+const api = runPath(runId);
 const reg = registry();
 reg.runId = runId;
 
+const feed = new LiveFeed(reg);
 const charts = []; // {chart, keys}
-const byKey = new Map(); // metric key -> [{chart, series}]
-const heatmaps = new Map(); // "moe/layerL/expert" prefix -> Heatmap
-const loading = new Map(); // key -> buffered live points while the first read is in flight
+/** Heatmap rows per layer read at load (live points add more). */
+const HEAT_ROWS = 400;
 
+/** Points to ask for: two per CSS pixel of the chart's width (min and max per column). */
 function columnsOf(box) {
   return Math.max(200, Math.round(box.clientWidth || 600) * 2);
 }
 
-async function loadSeries(chart, series, key, start, end) {
-  const params = new URLSearchParams({ key, max_points: String(columnsOf(chart.box)) });
-  if (start !== null && start !== undefined) params.set("start_step", String(start));
-  if (end !== null && end !== undefined) params.set("end_step", String(end));
-  const data = await getJSON(`${api}/metrics?${params}`);
-  series.setPoints(data.points);
+async function readSeries(chart, key, start, end) {
+  const data = await fetchSeries(runId, key, { maxPoints: columnsOf(chart.box), start, end });
   chart.box.dataset.total = String(data.total);
-}
-
-function track(key) {
-  const info = reg.charts[key] ?? (reg.charts[key] = { points: 0, lastStep: -1, lastValue: null });
-  return info;
-}
-
-function noteSeries(key, series) {
-  const info = track(key);
-  info.points = series.n;
-  if (series.n) { info.lastStep = series.steps[series.n - 1]; info.lastValue = series.values[series.n - 1]; }
+  return data.points;
 }
 
 async function initChart(box) {
   const keys = box.dataset.keys.split(",").filter(Boolean);
   const chart = new LineChart(box, {
     smoothing: Number(document.getElementById("smoothing")?.value ?? 0),
-    onZoom: (s0, s1, c) => Promise.all(c.series.map((s) => loadSeries(c, s, s.label, s0, s1))),
+    // Zoomed reads replace the series with finer detail of the range.
+    onZoom: (s0, s1, c) => Promise.all(c.series.map(async (s) => s.setPoints(await readSeries(c, s.label, s0, s1)))),
   });
-  const entry = { chart, keys };
-  charts.push(entry);
+  charts.push({ chart, keys });
   const legend = box.parentElement.querySelector(".chart-legend");
-  keys.forEach((key, i) => {
-    const series = chart.addSeries(key, PALETTE[i % PALETTE.length]);
-    if (!byKey.has(key)) byKey.set(key, []);
-    byKey.get(key).push({ chart, series });
+  for (const key of keys) {
+    const series = chart.addSeries(key);
+    feed.attach(key, chart, series);
     if (legend) {
       const item = document.createElement("span");
       const sw = document.createElement("i");
@@ -58,58 +46,27 @@ async function initChart(box) {
       item.append(sw, document.createTextNode(key));
       legend.append(item);
     }
-  });
-  await Promise.all(
-    chart.series.map(async (s) => {
-      loading.set(s.label, loading.get(s.label) ?? []);
-      try {
-        await loadSeries(chart, s, s.label);
-      } finally {
-        for (const p of loading.get(s.label) ?? []) s.append(p.step, p.value, p.time ?? Date.now());
-      }
-      noteSeries(s.label, s);
-    }),
-  );
-  for (const k of keys) loading.delete(k);
+  }
+  await Promise.all(chart.series.map((s) => feed.load(s.label, s, () => readSeries(chart, s.label))));
   chart.redraw();
 }
 
-async function initHeatmap(box) {
-  const experts = Number(box.dataset.experts);
-  const prefix = box.dataset.prefix;
-  const hm = new Heatmap(box, experts);
-  heatmaps.set(prefix, hm);
-  await Promise.all(
-    Array.from({ length: experts }, async (_, e) => {
-      const data = await getJSON(`${api}/metrics?${new URLSearchParams({ key: `${prefix}${e}`, max_points: "400" })}`);
-      for (const p of data.points) hm.set(e, p.step, p.value);
-    }),
-  );
+/** One heatmap per MoE layer; the page lists each row's metric key, in expert order. */
+function initHeatmaps() {
+  const layers = new Map(); // layer -> Heatmap
+  for (const box of document.querySelectorAll(".heat-box[data-layer]")) {
+    const keys = box.dataset.keys.split(",").filter(Boolean);
+    const hm = new Heatmap(box, keys.length);
+    keys.forEach((key, expert) => feed.on(key, (p) => hm.set(expert, p.step, p.value)));
+    layers.set(Number(box.dataset.layer), hm);
+  }
+  return layers;
 }
 
-function onPoints(data) {
-  const pts = pointsOf(data);
-  reg.events += 1;
-  const touched = new Set();
-  for (const p of pts) {
-    const m = /^(moe\/layer\d+\/expert)(\d+)$/.exec(p.key);
-    if (m && heatmaps.has(m[1])) heatmaps.get(m[1]).set(Number(m[2]), p.step, p.value);
-    const pending = loading.get(p.key);
-    if (pending) pending.push(p);
-    for (const { chart, series } of byKey.get(p.key) ?? []) {
-      if (series.append(p.step, p.value, p.time ?? Date.now())) touched.add(chart);
-      noteSeries(p.key, series);
-    }
-    const latest = document.querySelector(`[data-latest="${CSS.escape(p.key)}"]`);
-    if (latest) latest.textContent = String(p.value);
-  }
-  for (const c of touched) c.redraw();
-  // When the frame that shows these points has been painted (for latency measurements).
-  const keys = pts.map((p) => p.key);
-  requestAnimationFrame(() => {
-    const now = Date.now();
-    for (const k of keys) if (reg.charts[k]) reg.charts[k].paintedAt = now;
-  });
+async function loadHeatmaps(layers) {
+  if (!layers.size) return;
+  const data = await fetchExpertUtilization(runId, HEAT_ROWS);
+  for (const l of data.layers) layers.get(l.layer)?.setMatrix(l.steps, l.fractions);
 }
 
 function onStatus(data) {
@@ -121,6 +78,12 @@ function onStatus(data) {
   if (stop) stop.disabled = !["queued", "running"].includes(st.status);
   const out = document.querySelector("#stop-form output");
   if (out && !["queued", "running"].includes(st.status)) out.textContent = "";
+}
+
+function setLiveState(state) {
+  reg.sse = state;
+  const el = document.getElementById("live-state");
+  if (el) el.textContent = state;
 }
 
 function wireControls() {
@@ -230,13 +193,15 @@ wireForms();
 // only needs what follows. After a drop, EventSource resumes with Last-Event-ID.
 const afterStep = root.dataset.afterStep;
 subscribe(`${api}/events${afterStep ? `?after_step=${afterStep}` : ""}`, {
-  points: onPoints, point: onPoints, metrics: onPoints,
-  status: onStatus, run_event: onStatus,
-  message: (d) => (statusOf(d) && !Array.isArray(d) && !d.points ? onStatus(d) : onPoints(d)),
-}, { onState: (s) => { reg.sse = s; const el = document.getElementById("live-state"); if (el) el.textContent = s; } });
+  points: (data) => feed.push(data.points),
+  status: onStatus,
+  // The server ended the stream on its own failure; the browser reconnects and resumes.
+  stream_error: () => setLiveState("reconnecting"),
+}, { onState: setLiveState });
+const heatmaps = initHeatmaps();
 await Promise.all([
   ...[...document.querySelectorAll(".chart-box[data-keys]")].map(initChart),
-  ...[...document.querySelectorAll(".heat-box[data-prefix]")].map(initHeatmap),
+  loadHeatmaps(heatmaps),
 ]);
 reg.ready = true;
 document.body.dataset.ready = "true";

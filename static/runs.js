@@ -3,7 +3,6 @@ import { subscribe, statusOf, setBadges } from "./live.js";
 
 subscribe("/api/v1/events", {
   status: (d) => { const s = statusOf(d); if (s) setBadges(s.run_id, s.status); },
-  message: (d) => { const s = statusOf(d); if (s) setBadges(s.run_id, s.status); },
   // The server dropped events for this slow client: the table may be stale, so re-render it.
   lagged: () => location.reload(),
 });

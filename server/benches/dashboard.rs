@@ -4,6 +4,11 @@
 //!
 //! Run: `cargo bench -p trainyard --bench dashboard` (needs Debian's chromium + chromium-driver).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
+#[allow(dead_code)]
+#[path = "../tests/kit/mod.rs"]
+mod kit;
 #[allow(dead_code)]
 #[path = "../../tests/browser/support.rs"]
 mod support;

@@ -14,6 +14,12 @@
 //! `TRAINYARD_BENCH_BACKENDS` (default `sqlite,postgres`), `TRAINYARD_BENCH_QUERY_REPEATS`
 //! (default 50), `TEST_DATABASE_URL` (Postgres server; a fresh database is created and dropped).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
+#[allow(dead_code)]
+#[path = "../tests/kit/mod.rs"]
+mod kit;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -96,25 +102,16 @@ async fn on_sqlite(per_client: usize, repeats: usize) -> anyhow::Result<Outcome>
 }
 
 async fn on_postgres(per_client: usize, repeats: usize) -> anyhow::Result<Outcome> {
-    let base = std::env::var("TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
-    let name = format!("trainyard_bench_{}", uuid::Uuid::new_v4().simple());
-    let admin = sqlx::PgPool::connect(&base)
-        .await
-        .with_context(|| format!("connecting to Postgres at {base}"))?;
-    sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
-        .execute(&admin)
-        .await?;
-    let (prefix, _) = base
-        .rsplit_once('/')
-        .context("TEST_DATABASE_URL needs a /database path")?;
-    let url = format!("{prefix}/{name}");
+    let db = kit::ScratchDb::create("trainyard_bench").await;
     let dir = tempfile::tempdir()?;
-    let outcome = run_backend("postgres", Some(url), dir.path(), per_client, repeats).await;
-    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&admin)
-        .await?;
-    outcome
+    run_backend(
+        "postgres",
+        Some(db.url.clone()),
+        dir.path(),
+        per_client,
+        repeats,
+    )
+    .await
 }
 
 async fn run_backend(

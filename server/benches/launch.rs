@@ -6,6 +6,8 @@
 //!
 //! `cargo bench -p trainyard --bench launch [-- LAUNCHES]`
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,12 @@
 //! `cargo bench -p trainyard --bench store --profile dev` (Postgres from `TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; a scratch database is created and dropped).
 
-use sqlx::Connection;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
+#[allow(dead_code)]
+#[path = "../tests/kit/mod.rs"]
+mod kit;
+
 use std::time::{Duration, Instant};
 use trainyard::store::{self, DynStore, MetricPoint, NewRun, RunQuery, SortDir, SortKey};
 
@@ -226,24 +231,8 @@ async fn main() {
     let url = format!("sqlite://{}", dir.path().join("bench.db").display());
     bench(store::connect(&url).await.expect("sqlite")).await;
 
-    let base = std::env::var("TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
-    let name = format!("trainyard_bench_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(&base)
-        .await
-        .expect("Postgres reachable");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await
-        .expect("create database");
-    let (prefix, _) = base.rsplit_once('/').expect("URL with a database");
-    let store = store::connect(&format!("{prefix}/{name}"))
-        .await
-        .expect("postgres");
+    let db = kit::ScratchDb::create("trainyard_bench").await;
+    let store = store::connect(&db.url).await.expect("postgres");
     bench(store.clone()).await;
     drop(store);
-    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-        .expect("drop database");
 }

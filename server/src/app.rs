@@ -3,12 +3,15 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
-use axum::Router;
+use axum::http::Uri;
+use axum::{middleware, Router};
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::http;
@@ -19,6 +22,14 @@ use crate::store::{self, DynStore};
 
 /// Largest request body accepted (a full 10,000-point batch is well under 1 MiB).
 pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024 * 1024;
+/// A real client sends its request headers at once; a slow one is holding a connection.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest pause allowed while a request body arrives (between reads, not in total: a large
+/// metric batch on a slow link may take longer than this overall).
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once: far more than browsers, trainers and scripts open, and fewer
+/// than the usual 1024 open-file limit (it is lowered further when that limit is lower).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 /// Everything `serve` needs; built from the CLI or by tests.
 #[derive(Clone)]
@@ -32,6 +43,18 @@ pub struct Settings {
     /// Required for any non-loopback address; then every `/api` request must carry it.
     pub admin_token: Option<String>,
     pub body_limit: usize,
+    /// The URL users reach the server at when that is not `addr` (a DNS name, a reverse proxy):
+    /// its host is accepted in `Host`, its origin in `Origin`. See `http::guard`.
+    pub public_url: Option<Uri>,
+    /// More host names (or IP addresses) the server answers to, normalized; loopback names and
+    /// the bound address always are.
+    pub allowed_hosts: Vec<String>,
+    /// Time a connection has to send a request's headers (and most an idle keep-alive lasts).
+    pub header_timeout: Duration,
+    /// Longest pause while reading a request body. Responses (event streams) are not bounded.
+    pub body_timeout: Duration,
+    /// Connections served at once; more wait to be accepted.
+    pub max_connections: usize,
     /// Whether launch requests may run an arbitrary `command` (off by default: whoever can call
     /// the API could otherwise run anything as the server's user).
     pub allow_command_launch: bool,
@@ -52,6 +75,11 @@ impl std::fmt::Debug for Settings {
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
             )
             .field("body_limit", &self.body_limit)
+            .field("public_url", &self.public_url)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("header_timeout", &self.header_timeout)
+            .field("body_timeout", &self.body_timeout)
+            .field("max_connections", &self.max_connections)
             .field("allow_command_launch", &self.allow_command_launch)
             .finish()
     }
@@ -67,6 +95,11 @@ impl Settings {
             database_url: None,
             admin_token: None,
             body_limit: DEFAULT_BODY_LIMIT,
+            public_url: None,
+            allowed_hosts: Vec::new(),
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             allow_command_launch: false,
         }
     }
@@ -127,7 +160,11 @@ impl AppState {
     }
 }
 
-/// The whole HTTP surface, ready for `axum::serve` or `tower::ServiceExt::oneshot`.
+/// The whole HTTP surface, ready for `http::serve` or `tower::ServiceExt::oneshot`.
+///
+/// Layers, outermost first: tracing, panic catching, security headers on every response, the
+/// host and cross-site checks, the request body timeout and size limit, the NUL check on path
+/// and query parameters; then routing and each router's own access check.
 pub fn app(state: AppState) -> Router {
     // The dashboard performs actions (stop, launch, edits) through the API in-process.
     let api = Router::new()
@@ -139,12 +176,20 @@ pub fn app(state: AppState) -> Router {
         api,
         token: state.settings.admin_token.clone(),
     };
+    let hosts = Arc::new(http::guard::HostRules::new(&state.settings));
     Router::new()
         .merge(http::api::health::router())
         .nest("/api/v1", http::api_router(&state))
         .merge(http::pages::router(dashboard))
         .fallback(http::not_found)
+        .layer(middleware::from_fn(http::guard::reject_nul_bytes))
         .layer(DefaultBodyLimit::max(state.settings.body_limit))
+        .layer(RequestBodyTimeoutLayer::new(state.settings.body_timeout))
+        .layer(middleware::from_fn_with_state(
+            hosts,
+            http::guard::check_host_and_site,
+        ))
+        .layer(middleware::map_response(http::guard::security_headers))
         .layer(CatchPanicLayer::custom(http::panic_response))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
@@ -221,10 +266,12 @@ impl Application {
             // SSE streams never end on their own; close them so in-flight requests can drain.
             live.close();
         };
-        axum::serve(self.listener, app(self.state))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .context("serving HTTP")
+        let limits = http::serve::ConnectionLimits {
+            header_timeout: self.state.settings.header_timeout,
+            max_connections: self.state.settings.max_connections,
+        };
+        http::serve::serve(self.listener, app(self.state), limits, shutdown).await;
+        Ok(())
     }
 }
 

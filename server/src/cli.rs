@@ -3,10 +3,13 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use axum::http::Uri;
 use clap::{Args, Parser, Subcommand};
 
 use crate::app::{Application, Settings, DEFAULT_BODY_LIMIT};
+use crate::http::guard::{parse_host_name, parse_public_url};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -56,6 +59,31 @@ pub struct ServeArgs {
     /// Seconds a stopped run gets between SIGTERM and SIGKILL.
     #[arg(long, env = "TRAINYARD_STOP_GRACE", default_value_t = 30)]
     pub stop_grace_secs: u64,
+    /// URL users reach this server at when it is not --addr (a DNS name, a reverse proxy), e.g.
+    /// `https://trainyard.example.com`. Its host is accepted in `Host`, its origin in `Origin`.
+    #[arg(long, env = "TRAINYARD_PUBLIC_URL", value_parser = parse_public_url)]
+    pub public_url: Option<Uri>,
+    /// More host names this server answers to (comma-separated). Loopback names and the
+    /// --addr IP are always accepted; any other `Host` is refused.
+    #[arg(
+        long = "allowed-host",
+        env = "TRAINYARD_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        value_parser = parse_host_name
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// Seconds a connection has to send a request's headers; idle connections close after it.
+    #[arg(long, env = "TRAINYARD_HEADER_TIMEOUT", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_secs: u64,
+    /// Longest pause, in seconds, while a request body arrives.
+    #[arg(long, env = "TRAINYARD_BODY_TIMEOUT", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout_secs: u64,
+    /// Connections served at once; more wait to be accepted.
+    #[arg(long, env = "TRAINYARD_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
     /// Let launch requests run an arbitrary `command` as this server's user (off by default).
     #[arg(long, env = "TRAINYARD_ALLOW_COMMAND_LAUNCH")]
     pub allow_command_launch: bool,
@@ -78,6 +106,11 @@ impl ServeArgs {
             database_url: self.database_url.filter(|u| !u.is_empty()),
             admin_token: self.admin_token.filter(|t| !t.is_empty()),
             body_limit: DEFAULT_BODY_LIMIT,
+            public_url: self.public_url,
+            allowed_hosts: self.allowed_hosts,
+            header_timeout: Duration::from_secs(self.header_timeout_secs),
+            body_timeout: Duration::from_secs(self.body_timeout_secs),
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             allow_command_launch: self.allow_command_launch,
         })
     }
@@ -131,6 +164,62 @@ mod tests {
         }
         if std::env::var_os("TRAINYARD_DATA_DIR").is_none() {
             assert_eq!(args.data_dir, PathBuf::from("./trainyard-data"));
+        }
+    }
+
+    #[test]
+    fn exposure_flags_are_parsed_into_the_settings() {
+        let cli = Cli::try_parse_from([
+            "trainyard",
+            "serve",
+            "--public-url",
+            "https://ty.example.com",
+            "--allowed-host",
+            "Lab.lan,10.0.0.7",
+            "--header-timeout-secs",
+            "3",
+            "--body-timeout-secs",
+            "4",
+            "--max-connections",
+            "5",
+        ])
+        .map_err(|e| e.to_string());
+        let Ok(Cli {
+            command: Command::Serve(args),
+        }) = cli
+        else {
+            panic!("serve should parse: {cli:?}");
+        };
+        let settings = args.into_settings().map_err(|e| e.to_string());
+        let Ok(settings) = settings else {
+            panic!("settings: {settings:?}");
+        };
+        assert_eq!(
+            settings.public_url.map(|u| u.to_string()).as_deref(),
+            Some("https://ty.example.com/")
+        );
+        assert_eq!(settings.allowed_hosts, ["lab.lan", "10.0.0.7"]);
+        assert_eq!(settings.header_timeout, Duration::from_secs(3));
+        assert_eq!(settings.body_timeout, Duration::from_secs(4));
+        assert_eq!(settings.max_connections, 5);
+    }
+
+    #[test]
+    fn bad_exposure_flags_are_cli_errors_naming_the_flag() {
+        let cases: &[(&str, &str)] = &[
+            ("--public-url", "trainyard.example.com"),
+            ("--allowed-host", "http://lab.lan"),
+            ("--allowed-host", "lab.lan:8080"),
+            ("--header-timeout-secs", "0"),
+            ("--body-timeout-secs", "soon"),
+            ("--max-connections", "0"),
+        ];
+        for (flag, value) in cases {
+            let err = Cli::try_parse_from(["trainyard", "serve", flag, value])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(flag), "{flag} {value}: {err}");
         }
     }
 

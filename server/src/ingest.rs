@@ -4,7 +4,9 @@
 use tracing::instrument;
 
 use crate::live::LiveHub;
-use crate::store::{now_ms, MetricPoint, Store, StoreError, MAX_POINTS_PER_BATCH};
+use crate::store::{
+    now_ms, Conflict, MetricPoint, Store, StoreError, MAX_POINTS_PER_BATCH, MAX_STEP,
+};
 
 /// Longest metric key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 250;
@@ -18,13 +20,21 @@ pub enum IngestError {
     Store(#[from] StoreError),
 }
 
+/// Most conflicting points one ingest call reports by name (all of them are counted).
+pub const MAX_REPORTED_CONFLICTS: usize = 10;
+
 /// What one ingest call did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct IngestOutcome {
     /// Points in the request (all of them are now stored).
     pub accepted: usize,
     /// Points that were new; a re-sent batch stores nothing twice.
     pub stored: usize,
+    /// Points whose (key, step) was already stored (or repeated in the request) with another
+    /// value; the stored value is kept.
+    pub conflicts: usize,
+    /// The first `MAX_REPORTED_CONFLICTS` of them, in request order.
+    pub first_conflicts: Vec<Conflict>,
 }
 
 /// Validates, stores and publishes one batch of points for a run.
@@ -37,12 +47,18 @@ pub async fn ingest_points(
 ) -> Result<IngestOutcome, IngestError> {
     validate_points(points)?;
     let _order = live.write_order(run_id).await;
-    let stored = store.append_points(run_id, points, now_ms()).await?;
+    let appended = store.append_points(run_id, points, now_ms()).await?;
+    let mut conflicts = appended.conflicts;
     let outcome = IngestOutcome {
         accepted: points.len(),
-        stored: stored.len(),
+        stored: appended.stored.len(),
+        conflicts: conflicts.len(),
+        first_conflicts: {
+            conflicts.truncate(MAX_REPORTED_CONFLICTS);
+            conflicts
+        },
     };
-    live.publish_points(run_id, stored);
+    live.publish_points(run_id, appended.stored);
     Ok(outcome)
 }
 
@@ -65,10 +81,13 @@ pub fn validate_points(points: &[MetricPoint]) -> Result<(), IngestError> {
         if let Err(message) = validate_key(&point.key) {
             return Err(invalid("key", message));
         }
-        if point.step < 0 {
+        if !(0..=MAX_STEP).contains(&point.step) {
             return Err(invalid(
                 "step",
-                format!("step must be >= 0, got {}", point.step),
+                format!(
+                    "step must be an integer from 0 to {MAX_STEP} (2^53), got {}",
+                    point.step
+                ),
             ));
         }
         if !point.value.is_finite() {
@@ -132,6 +151,8 @@ mod tests {
             (p("a\nb", 0, 1.0), "points[0].key"),
             (p(&"k".repeat(MAX_KEY_LEN + 1), 0, 1.0), "points[0].key"),
             (p("loss", -1, 1.0), "points[0].step"),
+            (p("loss", MAX_STEP + 1, 1.0), "points[0].step"),
+            (p("loss", i64::MAX, 1.0), "points[0].step"),
             (p("loss", 0, f64::NAN), "points[0].value"),
             (p("loss", 0, f64::INFINITY), "points[0].value"),
             (p("loss", 0, f64::NEG_INFINITY), "points[0].value"),
@@ -141,6 +162,17 @@ mod tests {
                 Err(IngestError::Invalid { field, .. }) => assert_eq!(field, expected, "{point:?}"),
                 other => panic!("{point:?} should be invalid, got {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn the_step_range_is_named_and_its_ends_are_accepted() {
+        assert!(validate_points(&[p("loss", 0, 1.0), p("loss", MAX_STEP, 1.0)]).is_ok());
+        match validate_points(&[p("loss", MAX_STEP + 1, 1.0)]) {
+            Err(IngestError::Invalid { message, .. }) => {
+                assert!(message.contains("from 0 to 9007199254740992"), "{message}")
+            }
+            other => panic!("expected invalid, got {other:?}"),
         }
     }
 

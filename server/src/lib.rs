@@ -6,6 +6,7 @@ pub mod http;
 pub mod ingest;
 pub mod launcher;
 pub mod live;
+pub mod search;
 pub mod status;
 pub mod store;
 pub mod submit;

@@ -1,11 +1,14 @@
 //! The run-search language executed against real SQLite and Postgres databases: every filter
 //! must select exactly the same runs on both.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
-use sqlx::{PgPool, Row, SqlitePool};
+use sqlx::{PgPool, SqlitePool};
 use std::str::FromStr;
 use trainyard::store::filter::Filter;
+use trainyard::store::sql::{Conn, Dialect, Sql};
 
 const SCHEMA: &str = "
 CREATE TABLE experiments (id TEXT PRIMARY KEY, name TEXT UNIQUE NOT NULL, created_at BIGINT NOT NULL);
@@ -193,28 +196,29 @@ async fn drop_postgres(admin: PgPool, pool: PgPool, name: String) {
 
 const SELECT: &str = "SELECT r.id FROM runs r WHERE ";
 
-async fn select_sqlite(pool: &SqlitePool, filter: &Filter) -> Vec<String> {
-    let mut qb = sqlx::QueryBuilder::new(SELECT);
-    filter.push_sqlite(&mut qb);
-    qb.push(" ORDER BY r.id");
-    let rows = qb
-        .build()
-        .fetch_all(pool)
+/// The runs a filter selects, through the store's own SQL layer.
+async fn select(mut conn: Conn, dialect: Dialect, filter: &Filter) -> Vec<String> {
+    let mut sql = Sql::new(SELECT);
+    filter.push(&mut sql, dialect);
+    sql.push(" ORDER BY r.id");
+    let text = sql.text().to_string();
+    let rows = conn
+        .fetch_all(sql)
         .await
-        .unwrap_or_else(|e| panic!("SQLite rejected `{}`: {e}", qb.sql()));
-    rows.iter().map(|r| r.get::<String, _>(0)).collect()
+        .unwrap_or_else(|e| panic!("{dialect:?} rejected `{text}`: {e}"));
+    rows.iter()
+        .map(|r| r.get::<String>(0).expect("run id"))
+        .collect()
+}
+
+async fn select_sqlite(pool: &SqlitePool, filter: &Filter) -> Vec<String> {
+    let conn = Conn::Sqlite(pool.acquire().await.expect("SQLite connection"));
+    select(conn, Dialect::Sqlite, filter).await
 }
 
 async fn select_postgres(pool: &PgPool, filter: &Filter) -> Vec<String> {
-    let mut qb = sqlx::QueryBuilder::new(SELECT);
-    filter.push_postgres(&mut qb);
-    qb.push(" ORDER BY r.id");
-    let rows = qb
-        .build()
-        .fetch_all(pool)
-        .await
-        .unwrap_or_else(|e| panic!("Postgres rejected `{}`: {e}", qb.sql()));
-    rows.iter().map(|r| r.get::<String, _>(0)).collect()
+    let conn = Conn::Postgres(pool.acquire().await.expect("Postgres connection"));
+    select(conn, Dialect::Postgres, filter).await
 }
 
 fn parsed(input: &str) -> Filter {

@@ -1,6 +1,11 @@
 //! The dashboard over plain HTTP (no JavaScript): server-rendered pages, escaping, pagination,
 //! checkpoint downloads and rendered charts.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
+#[allow(dead_code)]
+#[path = "kit/mod.rs"]
+mod kit;
 #[allow(dead_code)]
 #[path = "../../tests/browser/support.rs"]
 mod support;
@@ -425,4 +430,234 @@ async fn relaunching_a_run_creates_a_new_run_with_its_config() {
     assert_eq!(run["name"], "original-relaunch");
     assert_eq!(run["tags"]["relaunch_of"], id.as_str());
     assert_eq!(run["params"]["training.max_steps"], "20");
+}
+
+/// The run names of a runs-table page, in the order the table shows them.
+fn names_in_order(html: &str, names: &[&str]) -> Vec<String> {
+    let mut found: Vec<(usize, String)> = names
+        .iter()
+        .filter_map(|n| html.find(&format!(">{n}<")).map(|at| (at, n.to_string())))
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, n)| n).collect()
+}
+
+#[tokio::test]
+async fn the_api_and_the_runs_page_accept_the_same_sort_keys_and_page_sizes() {
+    let app = spawn_app().await;
+    let names = ["sort-bravo", "sort-alpha", "sort-charlie"];
+    for (i, name) in names.iter().enumerate() {
+        let id = app
+            .create_run(json!({"experiment": "sorting", "name": name}))
+            .await;
+        app.post_points(
+            &id,
+            json!([{"key": "loss", "step": 0, "value": 3.0 - i as f64}]),
+        )
+        .await;
+    }
+    let sorts = [
+        "",
+        "name",
+        "+name",
+        "-name",
+        "created_at",
+        "-created_at",
+        "status",
+        "-status",
+        "metrics.loss",
+        "-metrics.loss",
+        "params.x",
+        "bogus",
+        "params.",
+        "latest.loss",
+    ];
+    let limits = ["", "1", "2", "1000", "0", "1001", "ten", "-1"];
+    for sort in sorts {
+        for limit in limits {
+            let query = format!(
+                "experiment=sorting&sort={}&limit={limit}",
+                sort.replace('+', "%2B")
+            );
+            let res = app
+                .http
+                .get(app.url(&format!("/api/v1/runs?{query}")))
+                .send()
+                .await
+                .expect("api");
+            let api_status = res.status().as_u16();
+            let body: serde_json::Value = res.json().await.expect("json");
+            let (page_status, html) = get_text(&app, &format!("/?{query}")).await;
+            assert_eq!(page_status, 200, "page ?{query}");
+            match api_status {
+                200 => {
+                    let api_names: Vec<String> = body["runs"]
+                        .as_array()
+                        .expect("runs")
+                        .iter()
+                        .map(|r| r["name"].as_str().unwrap_or("").to_string())
+                        .collect();
+                    assert!(
+                        !html.contains("role=\"alert\""),
+                        "page ?{query} shows no error"
+                    );
+                    assert_eq!(names_in_order(&html, &names), api_names, "?{query}");
+                }
+                400 => {
+                    let field = body["error"]["field"].as_str().expect("field").to_string();
+                    assert!(
+                        html.contains("role=\"alert\""),
+                        "page ?{query} shows an error"
+                    );
+                    assert!(
+                        html.contains(&format!("{field}:")),
+                        "page ?{query} names {field}"
+                    );
+                }
+                other => panic!("api ?{query} answered {other}"),
+            }
+        }
+    }
+}
+
+/// The `background: #rrggbb` colours of the compare page's legend swatches, in page order.
+fn swatch_colours(html: &str) -> Vec<String> {
+    html.split("<i style=\"background: ")
+        .skip(1)
+        .map(|rest| rest.chars().take(7).collect())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_browser_palette_module_holds_the_colours_the_compare_page_gives_its_runs() {
+    let app = spawn_app().await;
+    let a = app
+        .create_run(json!({"experiment": "p", "name": "a"}))
+        .await;
+    let b = app
+        .create_run(json!({"experiment": "p", "name": "b"}))
+        .await;
+    for id in [&a, &b] {
+        app.post_points(id, loss_points("train/loss", 0..5)).await;
+    }
+    let (status, html) = get_text(&app, &format!("/compare?runs={a}&runs={b}")).await;
+    assert_eq!(status, 200);
+    let swatches = swatch_colours(&html);
+    assert_eq!(swatches.len(), 2, "{html}");
+    assert_ne!(swatches[0], swatches[1]);
+
+    let res = app
+        .http
+        .get(app.url("/static/palette.js"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(res.status().as_u16(), 200);
+    let mime = res.headers()["content-type"]
+        .to_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(mime.starts_with("text/javascript"), "{mime}");
+    let module = res.text().await.expect("body");
+    let listed: Vec<&str> = module
+        .split('"')
+        .filter(|s| s.starts_with('#') && s.len() == 7)
+        .collect();
+    assert!(listed.len() >= 2, "{module}");
+    assert_eq!(listed[..2], [swatches[0].as_str(), swatches[1].as_str()]);
+}
+
+/// Relative ES-module imports (`from "./x.js"`, `from "../x.js"`) of a module at `path` (under
+/// `/static/`), resolved to paths under `/static/`.
+fn imports_of(path: &str, source: &str) -> Vec<String> {
+    source
+        .split("from \"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .filter(|spec| spec.starts_with("./") || spec.starts_with("../"))
+        .map(|spec| {
+            let mut parts: Vec<&str> = path.split('/').collect();
+            parts.pop(); // the importing file's own name
+            for seg in spec.split('/') {
+                match seg {
+                    "." => {}
+                    ".." => {
+                        parts.pop();
+                    }
+                    s => parts.push(s),
+                }
+            }
+            parts.join("/")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_module_a_page_loads_is_served_as_javascript_and_no_other_static_path_is() {
+    let app = spawn_app().await;
+    let mut queue: Vec<String> = ["run.js", "runs.js", "compare.js"]
+        .map(String::from)
+        .to_vec();
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(path) = queue.pop() {
+        if !seen.insert(path.clone()) {
+            continue;
+        }
+        let res = app
+            .http
+            .get(app.url(&format!("/static/{path}")))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(res.status().as_u16(), 200, "/static/{path}");
+        let mime = res.headers()["content-type"]
+            .to_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(mime.starts_with("text/javascript"), "{path}: {mime}");
+        let source = res.text().await.expect("body");
+        queue.extend(imports_of(&path, &source));
+    }
+    for nested in [
+        "chart/data.js",
+        "chart/scales.js",
+        "chart/draw.js",
+        "palette.js",
+    ] {
+        assert!(seen.contains(nested), "{nested} is imported: {seen:?}");
+    }
+    for path in [
+        "/static/nope.js",
+        "/static/chart/",
+        "/static/chart",
+        "/static/%2e%2e/Cargo.toml",
+        "/static/chart/%2e%2e/%2e%2e/Cargo.toml",
+        "/static/..%2fserver%2fCargo.toml",
+    ] {
+        let (status, body) = get_text(&app, path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(!body.contains("[package]"), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_moe_run_page_lists_each_heatmap_rows_metric_key_in_expert_order() {
+    let app = spawn_app().await;
+    let id = app
+        .create_run(json!({"experiment": "moe", "name": "m"}))
+        .await;
+    let mut points = vec![];
+    for e in [2, 0, 1] {
+        points.push(json!({"key": format!("moe/layer1/expert{e}"), "step": 0, "value": 0.3}));
+    }
+    app.post_points(&id, serde_json::Value::Array(points)).await;
+    let (status, html) = get_text(&app, &format!("/runs/{id}")).await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains(
+            "data-layer=\"1\" data-experts=\"3\" \
+             data-keys=\"moe/layer1/expert0,moe/layer1/expert1,moe/layer1/expert2\""
+        ),
+        "{html}"
+    );
 }

@@ -1,6 +1,11 @@
 //! End-to-end tests in real headless Chromium (WebDriver): live charts, compare, launch, stop,
 //! escaping. Each test saves screenshots under `target/screenshots/`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
+#[allow(dead_code)]
+#[path = "../../server/tests/kit/mod.rs"]
+mod kit;
 #[allow(dead_code)] // shared with the page tests and the bench
 mod support;
 

@@ -11,7 +11,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
-use trainyard::app::{Application, Settings};
+
+use crate::kit;
 
 pub struct TestApp {
     pub address: String,
@@ -27,17 +28,16 @@ pub async fn spawn_app() -> TestApp {
 /// The server and a handle on its store (for seeding many runs quickly).
 pub async fn spawn_app_with_store() -> (TestApp, trainyard::store::DynStore) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut settings = Settings::new("127.0.0.1:0".parse().expect("addr"), dir.path());
+    let mut settings = kit::settings(dir.path());
     // Launched runs use the real binary on CPU slots; no GPU discovery in tests.
     settings.launcher.gpus = Some(vec![]);
     settings.launcher.trainer_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_trainyard")));
     settings.launcher.stop_grace = Duration::from_secs(5);
     // The stop test launches a shell command.
     settings.allow_command_launch = true;
-    let app = Application::build(settings).await.expect("server builds");
-    let address = format!("http://127.0.0.1:{}", app.port());
-    let store = app.state().store.clone();
-    tokio::spawn(app.run_until(std::future::pending()));
+    let spawned = kit::spawn(settings).await;
+    let address = spawned.address;
+    let store = spawned.state.store.clone();
     let app = TestApp {
         address,
         http: reqwest::Client::new(),

@@ -11,6 +11,8 @@
 //! `--phases` also times forward, backward, clipping and the optimizer separately, on a copy of
 //! the step built from the same public pieces `Trainer::step` uses (for profiling only).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};

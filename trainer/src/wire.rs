@@ -25,6 +25,59 @@ pub struct MetricPoint {
     pub time: Option<i64>,
 }
 
+/// Keys of the MoE telemetry metrics. The trainer writes them; the server reads the per-expert
+/// ones back into utilisation matrices and heatmaps. Both ends build and parse them here.
+///
+/// - `moe/aux_loss`, `moe/z_loss`: the unweighted load-balancing and router z losses, mean over
+///   MoE layers.
+/// - `moe/layer{L}/expert{E}`: the share of layer L's routing assignments that chose expert E
+///   (the shares of a layer sum to 1).
+/// - `moe/layer{L}/dropped`: the fraction of layer L's assignments dropped at capacity.
+/// - `moe/layer{L}/entropy`: the mean entropy of layer L's router distribution, in nats.
+///
+/// L is the block index, E the expert index, both in decimal without leading signs.
+pub mod moe_keys {
+    /// The mean unweighted load-balancing loss.
+    pub const AUX_LOSS: &str = "moe/aux_loss";
+    /// The mean unweighted router z-loss.
+    pub const Z_LOSS: &str = "moe/z_loss";
+
+    /// `moe/layer{L}/expert`: an expert's key is this prefix followed by the expert index.
+    pub fn expert_prefix(layer: usize) -> String {
+        format!("moe/layer{layer}/expert")
+    }
+
+    /// `moe/layer{L}/expert{E}`.
+    pub fn expert(layer: usize, expert: usize) -> String {
+        format!("{}{expert}", expert_prefix(layer))
+    }
+
+    /// `moe/layer{L}/dropped`.
+    pub fn dropped(layer: usize) -> String {
+        format!("moe/layer{layer}/dropped")
+    }
+
+    /// `moe/layer{L}/entropy`.
+    pub fn entropy(layer: usize) -> String {
+        format!("moe/layer{layer}/entropy")
+    }
+
+    /// (L, E) of a `moe/layer{L}/expert{E}` key; None for any other key, and for indices that
+    /// are not plain decimal digits or do not fit in a u32.
+    pub fn parse_expert(key: &str) -> Option<(u32, u32)> {
+        let rest = key.strip_prefix("moe/layer")?;
+        let (layer, rest) = rest.split_once('/')?;
+        let expert = rest.strip_prefix("expert")?;
+        let index = |s: &str| {
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            s.parse::<u32>().ok()
+        };
+        Some((index(layer)?, index(expert)?))
+    }
+}
+
 /// Body of `POST /api/v1/runs/{id}/metrics`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MetricBatch {
@@ -131,4 +184,43 @@ pub struct RunPatch {
     /// The fully resolved config; write-once (flattened into params on first write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<serde_json::Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::moe_keys;
+
+    #[test]
+    fn moe_keys_have_the_documented_format_and_expert_keys_parse_back() {
+        assert_eq!(moe_keys::expert(2, 13), "moe/layer2/expert13");
+        assert_eq!(moe_keys::expert_prefix(2), "moe/layer2/expert");
+        assert_eq!(moe_keys::dropped(0), "moe/layer0/dropped");
+        assert_eq!(moe_keys::entropy(7), "moe/layer7/entropy");
+        assert_eq!(
+            moe_keys::parse_expert(&moe_keys::expert(2, 13)),
+            Some((2, 13))
+        );
+        assert_eq!(moe_keys::parse_expert("moe/layer0/expert0"), Some((0, 0)));
+    }
+
+    #[test]
+    fn keys_that_are_not_expert_keys_parse_to_nothing() {
+        for key in [
+            moe_keys::AUX_LOSS,
+            moe_keys::Z_LOSS,
+            "moe/layer1/dropped",
+            "moe/layer1/entropy",
+            "moe/layer2/expertx",
+            "moe/layer2/expert",
+            "moe/layer/expert3",
+            "moe/layer+1/expert3",
+            "moe/layer1/expert-3",
+            "moe/layer1/expert3/extra",
+            "moe/layer1/expert4294967296",
+            "train/loss",
+            "xmoe/layer1/expert3",
+        ] {
+            assert_eq!(moe_keys::parse_expert(key), None, "{key}");
+        }
+    }
 }

@@ -1,5 +1,7 @@
 //! Config loading, overrides and validation: every error names its key path.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use trainer::config::{Config, ConfigError, DeviceSpec, PositionKind, PROFILES};
 
 fn set(cfg: &mut Config, args: &[&str]) -> Result<(), ConfigError> {

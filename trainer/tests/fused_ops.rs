@@ -1,14 +1,20 @@
-//! The fused CPU kernels (causal softmax, tanh-GELU) against candle's primitive ops and against
-//! finite differences, on small tensors (one thread) and on big ones (split across threads).
+//! The fused CPU kernels of `trainer::kernels` (causal softmax, tanh-GELU, bias add, LayerNorm,
+//! cross-entropy, attention, linear), called directly, against candle's primitive ops written
+//! out here and against finite differences, on small tensors (one thread) and on big ones
+//! (split across threads).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use std::sync::Arc;
 
-use trainer::model::fused::{add_bias, causal_softmax, gelu_tanh};
-use trainer::model::fused_attention::{causal_attention, RopeTables};
-use trainer::model::fused_linear::linear;
-use trainer::model::fused_loss::cross_entropy_mean;
-use trainer::model::fused_norm::layer_norm;
+use trainer::kernels::attention::{fused_causal_attention, RopeTables};
+use trainer::kernels::bias::fused_add_bias;
+use trainer::kernels::gelu::fused_gelu_tanh;
+use trainer::kernels::linear::fused_linear;
+use trainer::kernels::loss::fused_cross_entropy;
+use trainer::kernels::norm::fused_layer_norm;
+use trainer::kernels::softmax::fused_causal_softmax;
 
 /// Deterministic, non-trivial values in roughly [-2, 2].
 fn values(shape: &[usize], dtype: DType, phase: f64) -> Result<Tensor> {
@@ -94,7 +100,7 @@ fn the_fused_causal_softmax_matches_the_primitive_ops_in_f32_and_f64() -> Result
     for shape in [&[2, 3, 5, 5][..], &[64, 64, 64][..]] {
         for (dtype, tol) in [(DType::F32, 1e-6), (DType::F64, 1e-14)] {
             let x = values(shape, dtype, 0.3)?;
-            let fused = causal_softmax(&x, 0.35)?;
+            let fused = fused_causal_softmax(&x, 0.35)?;
             let reference = reference_causal_softmax(&x, 0.35)?;
             let diff = max_abs_diff(&fused, &reference)?;
             assert!(diff < tol, "{shape:?} {dtype:?}: max diff {diff}");
@@ -105,7 +111,7 @@ fn the_fused_causal_softmax_matches_the_primitive_ops_in_f32_and_f64() -> Result
 
 #[test]
 fn the_fused_causal_softmax_gradient_matches_finite_differences() -> Result<()> {
-    let worst = check_gradient(|x| causal_softmax(x, 0.35), &[2, 3, 5, 5])?;
+    let worst = check_gradient(|x| fused_causal_softmax(x, 0.35), &[2, 3, 5, 5])?;
     assert!(worst < 1e-7, "worst relative error {worst}");
     Ok(())
 }
@@ -115,7 +121,7 @@ fn the_fused_causal_softmax_gradient_matches_autograd_on_a_threaded_size() -> Re
     let shape = [64, 64, 64];
     let x = values(&shape, DType::F32, 0.3)?;
     let w = values(&shape, DType::F32, 1.7)?;
-    let fused = autograd(|x| causal_softmax(x, 0.35), &x, &w)?;
+    let fused = autograd(|x| fused_causal_softmax(x, 0.35), &x, &w)?;
     let reference = autograd(|x| reference_causal_softmax(x, 0.35), &x, &w)?;
     let diff = max_abs_diff(&fused, &reference)?;
     assert!(diff < 1e-5, "max diff {diff}");
@@ -137,7 +143,7 @@ fn the_fused_gelu_matches_candle_gelu_in_f32_and_f64() -> Result<()> {
     for shape in [&[3, 7][..], &[256, 512][..]] {
         for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
             let x = values(shape, dtype, 0.3)?.affine(2.0, 0.0)?;
-            let diff = max_abs_diff(&gelu_tanh(&x)?, &x.gelu()?)?;
+            let diff = max_abs_diff(&fused_gelu_tanh(&x)?, &x.gelu()?)?;
             assert!(diff < tol, "{shape:?} {dtype:?}: max diff {diff}");
         }
     }
@@ -146,7 +152,7 @@ fn the_fused_gelu_matches_candle_gelu_in_f32_and_f64() -> Result<()> {
 
 #[test]
 fn the_fused_gelu_gradient_matches_finite_differences() -> Result<()> {
-    let worst = check_gradient(gelu_tanh, &[4, 9])?;
+    let worst = check_gradient(fused_gelu_tanh, &[4, 9])?;
     assert!(worst < 1e-7, "worst relative error {worst}");
     Ok(())
 }
@@ -156,7 +162,7 @@ fn the_fused_gelu_gradient_matches_autograd_on_a_threaded_size() -> Result<()> {
     let shape = [256, 512];
     let x = values(&shape, DType::F32, 0.3)?.affine(2.0, 0.0)?;
     let w = values(&shape, DType::F32, 1.7)?;
-    let fused = autograd(gelu_tanh, &x, &w)?;
+    let fused = autograd(fused_gelu_tanh, &x, &w)?;
     let reference = autograd(|x| x.gelu(), &x, &w)?;
     // candle's backward uses 6-digit constants, so agreement is to about 1e-5.
     let diff = max_abs_diff(&fused, &reference)?;
@@ -182,7 +188,7 @@ fn the_fused_layer_norm_matches_the_primitive_ops_in_f32_and_f64() -> Result<()>
             let x = values(shape, dtype, 0.3)?;
             let w = values(&[c], dtype, 0.9)?;
             let b = values(&[c], dtype, 2.2)?;
-            let fused = layer_norm(&x, &w, &b, 1e-5)?;
+            let fused = fused_layer_norm(&x, &w, &b, 1e-5)?;
             let reference = reference_layer_norm(&x, &w, &b, 1e-5)?;
             let diff = max_abs_diff(&fused, &reference)?;
             assert!(diff < tol, "{shape:?} {dtype:?}: max diff {diff}");
@@ -199,9 +205,9 @@ fn the_fused_layer_norm_gradients_match_finite_differences() -> Result<()> {
         values(&[6], DType::F64, 0.9)?,
         values(&[6], DType::F64, 2.2)?,
     );
-    let worst_x = check_gradient(|x| layer_norm(x, &w, &b, 1e-5), &[2, 3, 6])?;
-    let worst_w = check_gradient(|w| layer_norm(&x, w, &b, 1e-5), &[6])?;
-    let worst_b = check_gradient(|b| layer_norm(&x, &w, b, 1e-5), &[6])?;
+    let worst_x = check_gradient(|x| fused_layer_norm(x, &w, &b, 1e-5), &[2, 3, 6])?;
+    let worst_w = check_gradient(|w| fused_layer_norm(&x, w, &b, 1e-5), &[6])?;
+    let worst_b = check_gradient(|b| fused_layer_norm(&x, &w, b, 1e-5), &[6])?;
     for (name, worst) in [("x", worst_x), ("weight", worst_w), ("bias", worst_b)] {
         assert!(worst < 1e-6, "{name}: worst relative error {worst}");
     }
@@ -212,10 +218,10 @@ fn the_fused_layer_norm_gradients_match_finite_differences() -> Result<()> {
 fn the_fused_bias_add_gradients_match_finite_differences() -> Result<()> {
     let x = values(&[5, 4], DType::F64, 0.3)?;
     let b = values(&[4], DType::F64, 2.2)?;
-    let worst_x = check_gradient(|x| add_bias(x, &b), &[5, 4])?;
-    let worst_b = check_gradient(|b| add_bias(&x, b), &[4])?;
+    let worst_x = check_gradient(|x| fused_add_bias(x, &b), &[5, 4])?;
+    let worst_b = check_gradient(|b| fused_add_bias(&x, b), &[4])?;
     assert!(worst_x < 1e-7 && worst_b < 1e-7, "{worst_x} {worst_b}");
-    let diff = max_abs_diff(&add_bias(&x, &b)?, &x.broadcast_add(&b)?)?;
+    let diff = max_abs_diff(&fused_add_bias(&x, &b)?, &x.broadcast_add(&b)?)?;
     assert_eq!(diff, 0.0);
     Ok(())
 }
@@ -232,7 +238,7 @@ fn the_fused_cross_entropy_matches_the_primitive_ops_and_finite_differences() ->
     let targets = Tensor::new(&[3u32, 0, 6, 6, 1], &Device::Cpu)?;
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
         let x = values(&[5, 7], dtype, 0.3)?;
-        let fused: f64 = cross_entropy_mean(&x, &targets)?
+        let fused: f64 = fused_cross_entropy(&x, &targets)?
             .to_dtype(DType::F64)?
             .to_scalar()?;
         let reference: f64 = reference_cross_entropy(&x, &targets)?
@@ -243,7 +249,7 @@ fn the_fused_cross_entropy_matches_the_primitive_ops_and_finite_differences() ->
             "{dtype:?}: {fused} vs {reference}"
         );
     }
-    let worst = check_gradient(|x| cross_entropy_mean(x, &targets), &[5, 7])?;
+    let worst = check_gradient(|x| fused_cross_entropy(x, &targets), &[5, 7])?;
     assert!(worst < 1e-7, "worst relative error {worst}");
     Ok(())
 }
@@ -252,7 +258,7 @@ fn the_fused_cross_entropy_matches_the_primitive_ops_and_finite_differences() ->
 fn the_fused_cross_entropy_refuses_a_target_outside_the_vocabulary() -> Result<()> {
     let x = values(&[2, 4], DType::F32, 0.3)?;
     let targets = Tensor::new(&[1u32, 4], &Device::Cpu)?;
-    let err = cross_entropy_mean(&x, &targets).unwrap_err().to_string();
+    let err = fused_cross_entropy(&x, &targets).unwrap_err().to_string();
     assert!(err.contains("target 4 out of range"), "{err}");
     Ok(())
 }
@@ -306,14 +312,18 @@ fn the_fused_attention_matches_the_primitive_ops_with_and_without_rope() -> Resu
             for (dtype, tol) in [(DType::F32, 2e-5), (DType::F64, 1e-12)] {
                 let qkv = values(&[b, t, 3 * h * hd], dtype, 0.3)?;
                 let scale = 1.0 / (hd as f64).sqrt();
-                let fused = causal_attention(&qkv, h, scale, rope.clone())?;
+                let fused = fused_causal_attention(&qkv, h, scale, rope.clone())?;
                 let reference = reference_attention(&qkv, h, rope.as_deref())?;
                 let diff = max_abs_diff(&fused, &reference)?;
                 let label = (b, t, h, hd, rope.is_some(), dtype);
                 assert!(diff < tol, "{label:?}: forward max diff {diff}");
 
                 let w = values(&[b, t, h * hd], dtype, 1.7)?;
-                let g_fused = autograd(|x| causal_attention(x, h, scale, rope.clone()), &qkv, &w)?;
+                let g_fused = autograd(
+                    |x| fused_causal_attention(x, h, scale, rope.clone()),
+                    &qkv,
+                    &w,
+                )?;
                 let g_ref = autograd(|x| reference_attention(x, h, rope.as_deref()), &qkv, &w)?;
                 let diff = max_abs_diff(&g_fused, &g_ref)?;
                 assert!(diff < 10.0 * tol, "{label:?}: gradient max diff {diff}");
@@ -328,7 +338,7 @@ fn the_fused_attention_gradient_matches_finite_differences() -> Result<()> {
     let (h, hd) = (2, 4);
     for rope in [None, Some(rope_tables(8, hd))] {
         let scale = 1.0 / (hd as f64).sqrt();
-        let f = |x: &Tensor| causal_attention(x, h, scale, rope.clone());
+        let f = |x: &Tensor| fused_causal_attention(x, h, scale, rope.clone());
         let worst = check_gradient(f, &[2, 4, 3 * h * hd])?;
         assert!(
             worst < 1e-7,
@@ -343,11 +353,11 @@ fn the_fused_attention_gradient_matches_finite_differences() -> Result<()> {
 fn a_later_position_never_changes_an_earlier_output_of_the_fused_attention() -> Result<()> {
     let (b, t, h, hd) = (1, 6, 2, 4);
     let qkv = values(&[b, t, 3 * h * hd], DType::F64, 0.3)?;
-    let before = causal_attention(&qkv, h, 0.5, None)?;
+    let before = fused_causal_attention(&qkv, h, 0.5, None)?;
     // Change everything at the last position: outputs 0..T-1 must not move.
     let last = (qkv.narrow(1, t - 1, 1)? + 3.0)?;
     let changed = Tensor::cat(&[qkv.narrow(1, 0, t - 1)?, last], 1)?;
-    let after = causal_attention(&changed, h, 0.5, None)?;
+    let after = fused_causal_attention(&changed, h, 0.5, None)?;
     let diff = max_abs_diff(&before.narrow(1, 0, t - 1)?, &after.narrow(1, 0, t - 1)?)?;
     assert_eq!(diff, 0.0);
     assert!(max_abs_diff(&before, &after)? > 1e-3);
@@ -363,12 +373,12 @@ fn the_fused_linear_matches_the_primitive_ops_with_and_without_bias() -> Result<
             let w = values(&[d_out, d_in], dtype, 1.1)?;
             let b = values(&[d_out], dtype, 2.3)?;
             let reference = x.matmul(&w.t()?)?.broadcast_add(&b)?;
-            let diff = max_abs_diff(&linear(&x, &w, Some(&b))?, &reference)?;
+            let diff = max_abs_diff(&fused_linear(&x, &w, Some(&b))?, &reference)?;
             assert!(
                 diff < tol,
                 "{n}x{d_in}x{d_out} {dtype:?}: with bias, max diff {diff}"
             );
-            let diff = max_abs_diff(&linear(&x, &w, None)?, &x.matmul(&w.t()?)?)?;
+            let diff = max_abs_diff(&fused_linear(&x, &w, None)?, &x.matmul(&w.t()?)?)?;
             assert!(
                 diff < tol,
                 "{n}x{d_in}x{d_out} {dtype:?}: no bias, max diff {diff}"
@@ -381,7 +391,7 @@ fn the_fused_linear_matches_the_primitive_ops_with_and_without_bias() -> Result<
                 Var::from_tensor(&w)?,
                 Var::from_tensor(&b)?,
             );
-            let fused = (linear(xv.as_tensor(), wv.as_tensor(), Some(bv.as_tensor()))? * &g)?
+            let fused = (fused_linear(xv.as_tensor(), wv.as_tensor(), Some(bv.as_tensor()))? * &g)?
                 .sum_all()?
                 .backward()?;
             let prim = (xv
@@ -410,10 +420,10 @@ fn the_fused_linear_gradients_match_finite_differences() -> Result<()> {
     let x = values(&[4, 3], DType::F64, 0.3)?;
     let w = values(&[5, 3], DType::F64, 1.1)?;
     let b = values(&[5], DType::F64, 2.3)?;
-    let wrt_x = check_gradient(|x| linear(x, &w, Some(&b)), &[4, 3])?;
-    let wrt_w = check_gradient(|w| linear(&x, w, Some(&b)), &[5, 3])?;
-    let wrt_b = check_gradient(|b| linear(&x, &w, Some(b)), &[5])?;
-    let wrt_w_no_bias = check_gradient(|w| linear(&x, w, None), &[5, 3])?;
+    let wrt_x = check_gradient(|x| fused_linear(x, &w, Some(&b)), &[4, 3])?;
+    let wrt_w = check_gradient(|w| fused_linear(&x, w, Some(&b)), &[5, 3])?;
+    let wrt_b = check_gradient(|b| fused_linear(&x, &w, Some(b)), &[5])?;
+    let wrt_w_no_bias = check_gradient(|w| fused_linear(&x, w, None), &[5, 3])?;
     for (name, worst) in [
         ("x", wrt_x),
         ("w", wrt_w),
@@ -444,7 +454,7 @@ fn threaded_layer_norm_and_cross_entropy_gradients_match_autograd_through_primit
             .sum_all()?
             .backward()
     };
-    let fused = objective(&|x, w, b| layer_norm(x, w, b, 1e-5))?;
+    let fused = objective(&|x, w, b| fused_layer_norm(x, w, b, 1e-5))?;
     let prim = objective(&|x, w, b| reference_layer_norm(x, w, b, 1e-5))?;
     for (name, var, tol) in [("x", &xv, 1e-4), ("weight", &wv, 1e-2), ("bias", &bv, 1e-2)] {
         let diff = max_abs_diff(
@@ -457,14 +467,14 @@ fn threaded_layer_norm_and_cross_entropy_gradients_match_autograd_through_primit
     let logits = values(&[n, v], DType::F32, 0.3)?.affine(3.0, 0.0)?;
     let targets: Vec<u32> = (0..n as u32).map(|i| (i * 37) % v as u32).collect();
     let targets = Tensor::new(targets.as_slice(), &Device::Cpu)?;
-    let fused = cross_entropy_mean(&logits, &targets)?.to_scalar::<f32>()?;
+    let fused = fused_cross_entropy(&logits, &targets)?.to_scalar::<f32>()?;
     let reference = reference_cross_entropy(&logits, &targets)?.to_scalar::<f32>()?;
     assert!(
         (fused - reference).abs() < 1e-5,
         "loss {fused} vs {reference}"
     );
     let g_fused = autograd(
-        |x| cross_entropy_mean(x, &targets),
+        |x| fused_cross_entropy(x, &targets),
         &logits,
         &Tensor::new(1f32, &Device::Cpu)?,
     )?;

@@ -1,6 +1,8 @@
 //! One forward pass and loss checked against an independent NumPy implementation
 //! (`tests/reference/gpt_reference.py`) on weights given by a fixed formula.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
 use trainer::config::{Activation, ModelConfig, NormKind, PositionKind};

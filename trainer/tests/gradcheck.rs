@@ -1,10 +1,15 @@
 //! Finite-difference gradient checks in f64 over every parameter kind: embeddings (learned and
 //! rotary positions), attention qkv/proj, GELU and SwiGLU MLPs, LayerNorm and RMSNorm, the
-//! untied head, dropout, and an MoE block with its router, shared expert and aux/z losses.
+//! untied head, dropout, and an MoE block with its router, shared expert and aux/z losses. On
+//! the CPU the ops take their fused kernels; one test repeats the checks on the primitive-op
+//! paths that CUDA and other dtypes take.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use trainer::config::{Activation, ModelConfig, MoeConfig, NormKind, PositionKind};
+use trainer::kernels;
 use trainer::model::{cross_entropy, init_weights, DropoutRng, Gpt};
 
 fn tiny(position: PositionKind, norm: NormKind, activation: Activation, bias: bool) -> ModelConfig {
@@ -210,4 +215,27 @@ fn gradients_match_finite_differences_for_top1_moe_with_capacity_drops() {
         &names,
         &["h.0.mlp.router.weight", "h.1.mlp.experts.2.c_fc.weight"],
     );
+}
+
+#[test]
+fn gradients_match_finite_differences_on_the_primitive_op_paths_too() {
+    let _primitives = kernels::primitives_only();
+    for (position, norm, activation, bias) in [
+        (
+            PositionKind::Learned,
+            NormKind::LayerNorm,
+            Activation::Gelu,
+            true,
+        ),
+        (
+            PositionKind::Rope,
+            NormKind::RmsNorm,
+            Activation::Swiglu,
+            false,
+        ),
+    ] {
+        let cfg = tiny(position, norm, activation, bias);
+        let names = gradcheck(&cfg, None).unwrap();
+        assert_covers(&names, &["wte.weight", "attn.c_attn.weight", "ln_f.weight"]);
+    }
 }

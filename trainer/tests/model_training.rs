@@ -1,6 +1,8 @@
 //! Behavioural checks of the model: it learns, initialization is deterministic, the
 //! weight-decay rule, parameter counts and FLOPs.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap, SGD};
 use trainer::config::{Config, ModelConfig, PositionKind};

@@ -1,6 +1,8 @@
 //! Mixture-of-Experts behaviour: capacity drops on hand-computed cases, load balancing by
 //! the aux loss, and a router that learns clustered inputs.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::{Rng, SeedableRng};

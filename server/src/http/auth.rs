@@ -42,9 +42,7 @@ fn same_origin(headers: &HeaderMap) -> bool {
         return site == "same-origin";
     }
     match (get("origin"), get("host")) {
-        (Some(origin), Some(host)) => origin
-            .split_once("://")
-            .is_some_and(|(_, origin_host)| origin_host == host),
+        (Some(origin), Some(host)) => super::guard::origin_matches_host(origin, host),
         _ => false,
     }
 }

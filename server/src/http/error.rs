@@ -2,7 +2,7 @@
 //! 4xx for a client's mistake (naming the field when there is one), a logged 500 for real faults
 //! that never shows the client what went wrong inside.
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -43,6 +43,22 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// The database has no room for a write: nothing of the request was stored (507).
+    #[error("{0}")]
+    InsufficientStorage(String),
+    /// The server cannot serve the request now, e.g. its database is unreachable (503); the
+    /// client should retry after `retry_after` seconds.
+    #[error("{message}")]
+    Unavailable { message: String, retry_after: u32 },
+    /// The `Host` is not a name of this server (the defence against DNS rebinding).
+    #[error("{0}")]
+    HostNotAllowed(String),
+    /// A browser request from another site tried to change something.
+    #[error("{0}")]
+    CrossSite(String),
+    /// The client stopped sending the request body for longer than the body timeout.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// The server's settings do not allow this request (e.g. command launches are off).
     #[error("{message}")]
     Forbidden {
@@ -95,6 +111,11 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::CrossSite(_) => StatusCode::FORBIDDEN,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -111,6 +132,11 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::InsufficientStorage(_) => "insufficient_storage",
+            ApiError::Unavailable { .. } => "unavailable",
+            ApiError::HostNotAllowed(_) => "host_not_allowed",
+            ApiError::CrossSite(_) => "cross_site",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Forbidden { .. } => "forbidden",
             ApiError::Internal(_) => "internal",
         }
@@ -142,19 +168,46 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status(), Json(body)).into_response();
-        if matches!(self, ApiError::Unauthorized) {
-            response.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
+        let headers = response.headers_mut();
+        match &self {
+            ApiError::Unauthorized => {
+                headers.insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            ApiError::Unavailable { retry_after, .. } => {
+                headers.insert(axum::http::header::RETRY_AFTER, (*retry_after).into());
+            }
+            ApiError::InsufficientStorage(_) => {
+                headers.insert(
+                    axum::http::header::RETRY_AFTER,
+                    STORAGE_RETRY_AFTER_S.into(),
+                );
+            }
+            _ => {}
         }
         response
     }
 }
 
+/// Seconds a client is asked to wait before retrying a write the full disk refused.
+pub const STORAGE_RETRY_AFTER_S: u32 = 60;
+
+/// Seconds a client is asked to wait before retrying while the database is unreachable.
+pub const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
+
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match err {
+            StoreError::StorageFull(cause) => {
+                tracing::error!(error = %cause, "a write failed: the database is out of disk space");
+                ApiError::InsufficientStorage(
+                    "the server's database is out of disk space: nothing of this request was \
+                     stored; retry once space has been freed"
+                        .into(),
+                )
+            }
             StoreError::NotFound { .. } => ApiError::NotFound(err.to_string()),
             StoreError::Conflict { field, message } => ApiError::Conflict {
                 field: field.map(str::to_string),
@@ -164,6 +217,13 @@ impl From<StoreError> for ApiError {
                 field: Some(field.to_string()),
                 message: format!("{field}: {message}"),
             },
+            StoreError::Unavailable(cause) => {
+                tracing::error!(error = %cause, "the database is unavailable");
+                ApiError::Unavailable {
+                    message: "the server's database is unavailable; retry later".into(),
+                    retry_after: UNAVAILABLE_RETRY_AFTER_S,
+                }
+            }
             StoreError::Database(_) | StoreError::Migrate(_) => ApiError::Internal(err.into()),
         }
     }
@@ -205,6 +265,30 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
+/// Reading a request body failed: too large, too slow (the body timeout), or the connection broke.
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::PayloadTooLarge(
+                "request body is larger than the server accepts".into(),
+            );
+        }
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&rejection);
+        while let Some(err) = cause {
+            if err.is::<tower_http::timeout::TimeoutError>() {
+                return ApiError::RequestTimeout(
+                    "the request body did not arrive in time; send it without pausing".into(),
+                );
+            }
+            cause = err.source();
+        }
+        ApiError::BadRequest {
+            field: None,
+            message: rejection.body_text(),
+        }
+    }
+}
+
 impl From<QueryRejection> for ApiError {
     fn from(rejection: QueryRejection) -> Self {
         let message = rejection.body_text();
@@ -236,6 +320,28 @@ fn field_from_serde_message(message: &str) -> Option<String> {
     looks_like_path.then(|| path.to_string())
 }
 
+/// A refused run search names its parameter (`q` keeps the filter's own error code).
+impl From<crate::search::SearchError> for ApiError {
+    fn from(e: crate::search::SearchError) -> Self {
+        match e.position {
+            Some(position) if e.field == "q" => ApiError::InvalidFilter {
+                position,
+                message: e.message,
+            },
+            _ => ApiError::bad_request(e.field, e.message),
+        }
+    }
+}
+
+impl From<crate::search::SearchOrStoreError> for ApiError {
+    fn from(e: crate::search::SearchOrStoreError) -> Self {
+        match e {
+            crate::search::SearchOrStoreError::Search(e) => e.into(),
+            crate::search::SearchOrStoreError::Store(e) => e.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,9 +363,26 @@ mod tests {
     }
 
     #[test]
-    fn a_database_error_is_a_500_that_hides_its_details() {
-        let err: ApiError = StoreError::Database(sqlx::Error::PoolTimedOut).into();
+    fn a_database_fault_is_a_500_that_hides_its_details() {
+        let err: ApiError = StoreError::from(sqlx::Error::RowNotFound).into();
         assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(err.to_string(), "internal error");
+    }
+
+    #[test]
+    fn an_unreachable_database_is_a_503_that_says_when_to_retry() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        for cause in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::Io(refused),
+        ] {
+            let response = ApiError::from(StoreError::from(cause)).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(
+                response.headers().get("retry-after").map(|v| v.as_bytes()),
+                Some(UNAVAILABLE_RETRY_AFTER_S.to_string().as_bytes())
+            );
+        }
     }
 }

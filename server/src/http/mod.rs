@@ -1,12 +1,16 @@
 //! The HTTP surface, in two rooms: `api/` (the JSON REST API v1, one module per resource) and
 //! `pages/` (the server-rendered dashboard). What both share lives here: the one error type, the
-//! JSON/query extractors and the access check.
+//! JSON/query extractors and the access check, the request guards (host, cross-site, NUL) and
+//! the accept loop with its connection limits.
 
 pub mod api;
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod guard;
 pub mod pages;
+pub mod palette;
+pub mod serve;
 
 use axum::http::{Method, Uri};
 

@@ -1,7 +1,7 @@
 //! The run-search language (`GET /api/v1/runs?q=...`), MLflow-search style:
 //!
 //! ```text
-//! metrics.val/loss < 2.5 and params.training.lr = 0.001
+//! metrics.val/loss < 2.5 and params.training.learning_rate = 0.001
 //! tags.team = 'nlp' or status != 'failed'
 //! name LIKE 'gpt%'
 //! params.model.activation IN ('gelu', 'swiglu')
@@ -239,14 +239,9 @@ impl Filter {
         &self.expr
     }
 
-    /// Pushes the filter as one parenthesized boolean condition on `runs r` for SQLite.
-    pub fn push_sqlite(&self, qb: &mut sqlx::QueryBuilder<'_, sqlx::Sqlite>) {
-        render::push(&self.expr, qb);
-    }
-
-    /// Pushes the filter as one parenthesized boolean condition on `runs r` for Postgres.
-    pub fn push_postgres(&self, qb: &mut sqlx::QueryBuilder<'_, sqlx::Postgres>) {
-        render::push(&self.expr, qb);
+    /// Appends the filter as one parenthesized boolean condition on `runs r`.
+    pub fn push(&self, sql: &mut crate::store::sql::Sql, dialect: crate::store::sql::Dialect) {
+        render::push(&self.expr, &mut render::Out { sql, dialect });
     }
 }
 

@@ -7,16 +7,20 @@ use std::collections::HashMap;
 /// A point ready to store: its time filled in.
 #[derive(Debug, Clone)]
 pub struct BatchPoint {
+    /// Position in the request.
+    pub index: usize,
     pub key: String,
     pub step: i64,
     pub value: f64,
     pub time: i64,
 }
 
-/// A validated batch with repeats of a (key, step) dropped (the first value wins).
+/// A validated batch with repeats of a (key, step) set aside (the first value wins).
 #[derive(Debug, Default)]
 pub struct Batch {
     pub points: Vec<BatchPoint>,
+    /// Later points of a (key, step) the batch already has; never written.
+    pub repeats: Vec<BatchPoint>,
     /// Distinct keys, in first-seen order.
     pub keys: Vec<String>,
 }
@@ -37,6 +41,7 @@ pub fn prepare_batch(points: &[super::MetricPoint], now_ms: i64) -> StoreResult<
     let mut keys = Vec::new();
     let mut key_seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(points.len());
+    let mut repeats = Vec::new();
     for (i, p) in points.iter().enumerate() {
         let bad = |message: String| StoreError::Invalid {
             field: "points",
@@ -48,26 +53,37 @@ pub fn prepare_batch(points: &[super::MetricPoint], now_ms: i64) -> StoreResult<
         if p.key.contains('\0') {
             return Err(bad("key must not contain NUL characters".into()));
         }
-        if p.step < 0 {
-            return Err(bad(format!("step must be >= 0, got {}", p.step)));
+        if !(0..=super::MAX_STEP).contains(&p.step) {
+            return Err(bad(format!(
+                "step must be from 0 to {}, got {}",
+                super::MAX_STEP,
+                p.step
+            )));
         }
         if !p.value.is_finite() {
             return Err(bad(format!("value must be finite, got {}", p.value)));
         }
+        let point = BatchPoint {
+            index: i,
+            key: p.key.clone(),
+            step: p.step,
+            value: p.value,
+            time: p.time.unwrap_or(now_ms),
+        };
         if !seen.insert((p.key.as_str(), p.step)) {
+            repeats.push(point);
             continue;
         }
         if key_seen.insert(p.key.as_str()) {
             keys.push(p.key.clone());
         }
-        out.push(BatchPoint {
-            key: p.key.clone(),
-            step: p.step,
-            value: p.value,
-            time: p.time.unwrap_or(now_ms),
-        });
+        out.push(point);
     }
-    Ok(Batch { points: out, keys })
+    Ok(Batch {
+        points: out,
+        repeats,
+        keys,
+    })
 }
 
 /// Series ids of a run's keys.
@@ -122,6 +138,68 @@ pub fn summarize(
         series: series_updates,
         rollups,
     }
+}
+
+/// The (series, step)s of the batch's points that were not inserted: they were stored before.
+pub fn not_inserted(
+    batch: &Batch,
+    series: &SeriesMap,
+    inserted: &HashMap<(i64, i64), i64>,
+) -> Vec<(i64, i64)> {
+    batch
+        .points
+        .iter()
+        .map(|p| (series.id(&p.key), p.step))
+        .filter(|k| !inserted.contains_key(k))
+        .collect()
+}
+
+/// The points of the request whose value differs from the one the store keeps, in input
+/// order. `earlier` holds the stored values of the batch's points that were stored before
+/// ((series, step) → value); every other point of `batch.points` was just inserted.
+pub fn conflicts(
+    batch: &Batch,
+    series: &SeriesMap,
+    earlier: &HashMap<(i64, i64), f64>,
+) -> Vec<super::Conflict> {
+    let kept = |p: &BatchPoint| {
+        earlier
+            .get(&(series.id(&p.key), p.step))
+            .copied()
+            .unwrap_or(p.value)
+    };
+    let mut out: Vec<(usize, super::Conflict)> = Vec::new();
+    let conflict = |p: &BatchPoint, stored_value: f64| super::Conflict {
+        key: p.key.clone(),
+        step: p.step,
+        stored_value,
+        sent_value: p.value,
+    };
+    if !earlier.is_empty() {
+        for p in &batch.points {
+            let value = kept(p);
+            if value != p.value {
+                out.push((p.index, conflict(p, value)));
+            }
+        }
+    }
+    if !batch.repeats.is_empty() {
+        let first: HashMap<(&str, i64), &BatchPoint> = batch
+            .points
+            .iter()
+            .map(|p| ((p.key.as_str(), p.step), p))
+            .collect();
+        for r in &batch.repeats {
+            let value = first
+                .get(&(r.key.as_str(), r.step))
+                .map_or(r.value, |p| kept(p));
+            if value != r.value {
+                out.push((r.index, conflict(r, value)));
+            }
+        }
+        out.sort_by_key(|(i, _)| *i);
+    }
+    out.into_iter().map(|(_, c)| c).collect()
 }
 
 /// The batch's points that were inserted, in input order, with their seqs.

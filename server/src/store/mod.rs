@@ -1,5 +1,6 @@
-//! The tracking store: one interface, two backends (SQLite embedded default, Postgres for teams).
-//! Both backends pass one shared test suite; a behaviour difference between them is a bug.
+//! The tracking store: one interface, two databases (SQLite embedded default, Postgres for
+//! teams), one implementation (`SqlStore`). Both pass one shared test suite; a behaviour
+//! difference between them is a bug.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,12 @@ pub const DEFAULT_EXPERIMENT: &str = "Default";
 /// Most points one `append_points` call (one HTTP request) may carry (the trainer's reporter
 /// splits its batches at the same constant).
 pub use trainer::wire::MAX_POINTS_PER_BATCH;
+
+/// Largest step a point may have: 2^53. Steps from 0 to this are exact as JSON numbers in
+/// every client (a JavaScript number holds integers exactly only up to 2^53, and the dashboard
+/// charts are JavaScript), far more than any training run counts, and far enough from
+/// `i64::MAX` that step arithmetic (bucket widths, ranges) cannot overflow.
+pub const MAX_STEP: i64 = 1 << 53;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Experiment {
@@ -110,6 +117,28 @@ pub struct StoredPoint {
     pub seq: i64,
 }
 
+/// A point of a request that was not stored because its (key, step) holds another value, which
+/// is kept (the first value wins; re-sending a point never changes it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Conflict {
+    pub key: String,
+    pub step: i64,
+    /// The value the store keeps.
+    pub stored_value: f64,
+    /// The value the request sent (ignored).
+    pub sent_value: f64,
+}
+
+/// What `append_points` did with a batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Appended {
+    /// The points newly stored, with their seq, in input order.
+    pub stored: Vec<StoredPoint>,
+    /// Points whose (key, step) already had another value, in input order (a point repeated
+    /// within the batch with another value counts too).
+    pub conflicts: Vec<Conflict>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SeriesPoint {
     pub step: i64,
@@ -191,13 +220,68 @@ pub enum StoreError {
         field: &'static str,
         message: String,
     },
+    /// The database has no room for the write (its disk is full); nothing of it was stored.
+    #[error("the database is out of disk space")]
+    StorageFull(#[source] sqlx::Error),
+    /// The database cannot be reached or cannot answer now (connection refused or lost, no
+    /// free connection in time, the server shutting down); retrying later may succeed.
+    #[error("the database is unavailable")]
+    Unavailable(#[source] sqlx::Error),
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        use sqlx::Error as E;
+        let unreachable = match &e {
+            E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+            E::Database(d) => {
+                let code = d.code().unwrap_or_default();
+                if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                    // Primary result codes: SQLITE_FULL (13), SQLITE_BUSY (5: the busy timeout
+                    // ran out), SQLITE_IOERR (10), SQLITE_CANTOPEN (14).
+                    match code.parse::<i32>().map(|c| c & 0xff) {
+                        Ok(13) => return StoreError::StorageFull(e),
+                        Ok(5 | 10 | 14) => true,
+                        _ => false,
+                    }
+                } else {
+                    // SQLSTATE: disk_full; connection exceptions (class 08), admin or crash
+                    // shutdown, cannot connect now, database dropped, too many connections.
+                    match code.as_ref() {
+                        "53100" => return StoreError::StorageFull(e),
+                        "57P01" | "57P02" | "57P03" | "57P04" | "53300" => true,
+                        c => c.starts_with("08"),
+                    }
+                }
+            }
+            _ => false,
+        };
+        if unreachable {
+            StoreError::Unavailable(e)
+        } else {
+            StoreError::Database(e)
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether the error is the database's fault rather than the request's.
+    pub fn is_database_fault(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(_)
+                | StoreError::StorageFull(_)
+                | StoreError::Unavailable(_)
+                | StoreError::Migrate(_)
+        )
+    }
+}
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -226,14 +310,14 @@ pub trait Store: Send + Sync + 'static {
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage>;
 
     /// One transaction; idempotent on (run, key, step) (first value wins). Points must already
-    /// be validated (finite values, step >= 0, non-empty keys). Returns the points newly stored,
-    /// with their seq, in input order.
+    /// be validated (finite values, step in 0..=MAX_STEP, non-empty keys). Returns the points
+    /// newly stored, with their seq, and those that conflict with a kept value.
     async fn append_points(
         &self,
         run_id: &str,
         points: &[MetricPoint],
         now_ms: i64,
-    ) -> StoreResult<Vec<StoredPoint>>;
+    ) -> StoreResult<Appended>;
     async fn metric_keys(&self, run_id: &str) -> StoreResult<Vec<MetricKey>>;
     /// `max_points >= 2`; inclusive step bounds.
     async fn read_series(
@@ -257,6 +341,9 @@ pub trait Store: Send + Sync + 'static {
     async fn run_events(&self, run_id: &str, after_seq: Option<i64>) -> StoreResult<Vec<RunEvent>>;
     /// Runs in any of these statuses (the launcher's restart recovery).
     async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>>;
+    /// Ok when the store answers reads and, after a failed write, takes writes again (checked
+    /// with a small write of its own).
+    async fn health(&self) -> StoreResult<()>;
 }
 
 pub type DynStore = Arc<dyn Store>;
@@ -265,24 +352,17 @@ mod common;
 pub mod downsample;
 pub mod filter;
 pub(crate) mod ingest;
-pub mod postgres;
-mod search_filter;
-pub mod sqlite;
+mod postgres;
+mod search;
+pub mod sql;
+mod sql_store;
+mod sqlite;
+
+pub use sql_store::SqlStore;
 
 /// Opens the store the URL names (`sqlite:` or `postgres://`) and runs its migrations.
 pub async fn connect(database_url: &str) -> StoreResult<DynStore> {
-    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PgStore::connect(database_url).await?) as DynStore)
-    } else if database_url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::connect(database_url).await?) as DynStore)
-    } else {
-        Err(StoreError::Invalid {
-            field: "database_url",
-            message: format!(
-                "unsupported database URL `{database_url}`: expected sqlite:PATH or postgres://..."
-            ),
-        })
-    }
+    Ok(Arc::new(SqlStore::open(database_url).await?) as DynStore)
 }
 
 /// Flattens a JSON config into dotted keys: `{"training": {"lr": 0.001}}` → `training.lr = 0.001`.

@@ -126,7 +126,20 @@ async fn with_a_token_the_dashboard_cookie_reads_the_api_but_cannot_write_cross_
         .send()
         .await
         .expect("POST");
-    assert_error(cross_site, StatusCode::UNAUTHORIZED, "unauthorized", None).await;
+    // Refused before the token is even looked at: a write from another site (http/guard.rs).
+    assert_error(cross_site, StatusCode::FORBIDDEN, "cross_site", None).await;
+
+    // Without a browser's word that the request comes from the dashboard, the cookie does not
+    // count for a write.
+    let unmarked = app
+        .client
+        .post(app.url("/api/v1/experiments"))
+        .header("cookie", "trainyard_token=s3cret")
+        .json(&serde_json::json!({"name": "forged"}))
+        .send()
+        .await
+        .expect("POST");
+    assert_error(unmarked, StatusCode::UNAUTHORIZED, "unauthorized", None).await;
 
     let listed: Value = app
         .client

@@ -1,12 +1,13 @@
 //! `spawn_app()`: a real server on a random loopback port with a fresh database per test.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::StreamExt;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
-use trainyard::app::{AppState, Application, Settings};
+use trainyard::app::{AppState, Settings};
+
+use crate::kit::{self, ScratchDb};
 
 pub struct TestApp {
     pub address: String,
@@ -15,34 +16,8 @@ pub struct TestApp {
     /// The server's state (its live hub and launcher), for what only the inside shows.
     pub state: AppState,
     _data_dir: tempfile::TempDir,
-    /// (server URL, database name) of a Postgres test database to drop afterwards.
-    pg_database: Option<(String, String)>,
-}
-
-impl Drop for TestApp {
-    fn drop(&mut self) {
-        let Some((base, name)) = self.pg_database.take() else {
-            return;
-        };
-        // Drop runs inside the test's runtime, which cannot block on async work: use a
-        // detached thread with its own runtime (dropping a database takes a while; the test
-        // need not wait). FORCE ends the server's pooled connections.
-        std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async {
-                if let Ok(pool) = sqlx::PgPool::connect(&base).await {
-                    let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-                    let _ = sqlx::query(&sql).execute(&pool).await;
-                    pool.close().await;
-                }
-            });
-        });
-    }
+    /// This test's own Postgres database, dropped with the app.
+    _pg_database: Option<ScratchDb>,
 }
 
 /// A server on SQLite in a fresh temporary directory.
@@ -53,32 +28,18 @@ pub async fn spawn_app() -> TestApp {
 /// Like `spawn_app`, with settings adjusted by `tweak` before the server starts.
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let data_dir = tempfile::tempdir().expect("temp dir");
-    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let mut settings = Settings::new(addr, data_dir.path());
+    let mut settings = kit::settings(data_dir.path());
     tweak(&mut settings);
     let token = settings.admin_token.clone();
-    let app = Application::build(settings).await.expect("server builds");
-    let address = format!("http://127.0.0.1:{}", app.port());
-    let state = app.state().clone();
-    // Not `run_until_stopped`: its signal handlers would keep Ctrl-C from ending the tests.
-    tokio::spawn(app.run_until(std::future::pending()));
+    let spawned = kit::spawn(settings).await;
     TestApp {
-        address,
-        client: reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("client"),
+        address: spawned.address,
+        client: kit::client(),
         token,
-        state,
+        state: spawned.state,
         _data_dir: data_dir,
-        pg_database: None,
+        _pg_database: None,
     }
-}
-
-/// Base URL of the Postgres server the tests may create databases on.
-pub fn test_database_url() -> String {
-    std::env::var("TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
 }
 
 /// A server on a brand-new Postgres database.
@@ -88,24 +49,14 @@ pub async fn spawn_pg_app() -> TestApp {
 
 /// Like `spawn_pg_app`, with settings adjusted by `tweak` before the server starts.
 pub async fn spawn_pg_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
-    let base = test_database_url();
-    let name = format!("trainyard_api_test_{}", uuid::Uuid::new_v4().simple());
-    let pool = sqlx::PgPool::connect(&base)
-        .await
-        .unwrap_or_else(|e| panic!("Postgres at {base} is required for these tests: {e}"));
-    sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-        .execute(&pool)
-        .await
-        .expect("create test database");
-    pool.close().await;
-    let (prefix, _) = base.rsplit_once('/').expect("database URL has a path");
-    let url = format!("{prefix}/{name}");
+    let db = ScratchDb::create("trainyard_api_test").await;
+    let url = db.url.clone();
     let mut app = spawn_app_with(|s| {
         s.database_url = Some(url);
         tweak(s);
     })
     .await;
-    app.pg_database = Some((base, name));
+    app._pg_database = Some(db);
     app
 }
 

@@ -1,7 +1,12 @@
 //! Black-box tests of the REST API: a real server per test, a fresh database per test.
 //! Scenarios wrapped in `on_both_backends!` run once on SQLite and once on Postgres.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 mod helpers;
+#[allow(dead_code)]
+#[path = "../kit/mod.rs"]
+mod kit;
 
 mod auth;
 mod cli;
@@ -9,6 +14,7 @@ mod errors;
 mod events;
 mod experiments;
 mod experts;
+mod exposure;
 mod limits;
 mod metrics;
 mod openapi;

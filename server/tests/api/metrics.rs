@@ -1,7 +1,7 @@
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::TestApp;
+use crate::helpers::{assert_error, TestApp};
 use crate::on_both_backends;
 
 on_both_backends!(
@@ -12,6 +12,8 @@ on_both_backends!(
     a_downsampled_series_keeps_the_spike,
     a_step_range_limits_the_series,
     metric_keys_lists_every_key_with_its_count,
+    a_step_past_the_documented_range_is_a_422_naming_the_step,
+    a_resent_point_with_another_value_is_reported_in_the_response,
 );
 
 async fn posting_a_batch_returns_how_many_points_were_accepted(app: &TestApp) {
@@ -165,4 +167,75 @@ async fn metric_keys_lists_every_key_with_its_count(app: &TestApp) {
         listed,
         vec![("loss".to_string(), 2), ("val/ppl".to_string(), 1)]
     );
+}
+
+async fn a_step_past_the_documented_range_is_a_422_naming_the_step(app: &TestApp) {
+    let id = app.create_run("m").await;
+    let path = format!("/api/v1/runs/{id}/metrics");
+    let largest = 9_007_199_254_740_992i64; // 2^53
+    for step in [largest + 1, i64::MAX] {
+        let body = json!({ "points": [
+            { "key": "loss", "step": 1, "value": 1.0 },
+            { "key": "loss", "step": step, "value": 1.0 },
+        ] });
+        let error = assert_error(
+            app.post_json(&path, &body).await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unprocessable",
+            Some("points[1].step"),
+        )
+        .await;
+        let message = error["message"].as_str().expect("message");
+        assert!(message.contains(&largest.to_string()), "{message}");
+    }
+    let accepted = app.post_points(&id, &[("loss", largest, 1.0)]).await;
+    assert_eq!(accepted["stored"], 1);
+    let keys = app
+        .get_json(&format!("/api/v1/runs/{id}/metric-keys"))
+        .await;
+    assert_eq!(
+        keys["keys"][0]["count"], 1,
+        "nothing of a refused batch is stored"
+    );
+}
+
+async fn a_resent_point_with_another_value_is_reported_in_the_response(app: &TestApp) {
+    let id = app.create_run("m").await;
+    let first: Vec<(&str, i64, f64)> = (0..20).map(|s| ("loss", s, 1.0)).collect();
+    let accepted = app.post_points(&id, &first).await;
+    assert_eq!(accepted["conflicts"], 0);
+    assert_eq!(accepted["first_conflicts"], json!([]));
+    // Steps 0-14 with another value, 15-19 as before, 20 new.
+    let resent: Vec<(&str, i64, f64)> = (0..21)
+        .map(|s| ("loss", s, if s < 15 { 2.0 } else { 1.0 }))
+        .collect();
+    let accepted = app.post_points(&id, &resent).await;
+    assert_eq!(accepted["accepted"], 21);
+    assert_eq!(accepted["stored"], 1);
+    assert_eq!(accepted["conflicts"], 15);
+    let listed = accepted["first_conflicts"]
+        .as_array()
+        .expect("first_conflicts");
+    assert_eq!(listed.len(), 10, "only the first ten are listed");
+    for (i, c) in listed.iter().enumerate() {
+        assert_eq!(
+            c,
+            &json!({"key": "loss", "step": i, "stored_value": 1.0, "sent_value": 2.0})
+        );
+    }
+    let series = app
+        .get_json(&format!("/api/v1/runs/{id}/metrics?key=loss"))
+        .await;
+    let values: Vec<f64> = series["points"]
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|p| p["value"].as_f64().expect("value"))
+        .collect();
+    assert_eq!(values, vec![1.0; 21], "the stored values are kept");
+    let doc = app.get_json("/api/v1/openapi.json").await;
+    let properties = &doc["components"]["schemas"]["Accepted"]["properties"];
+    assert!(properties["conflicts"].is_object(), "{properties}");
+    assert!(properties["first_conflicts"].is_object(), "{properties}");
+    assert!(doc["components"]["schemas"]["Conflict"]["properties"]["stored_value"].is_object());
 }

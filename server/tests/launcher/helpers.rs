@@ -1,13 +1,14 @@
 //! A launcher-enabled server (in-process, or a real `trainyard serve` process that a test can
 //! SIGKILL) with a fake GPU inventory, plus polling helpers.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::Value;
-use trainyard::app::{AppState, Application, Settings};
+use trainyard::app::{AppState, Settings};
+
+use crate::kit;
 
 pub const TRAINYARD: &str = env!("CARGO_BIN_EXE_trainyard");
 
@@ -30,8 +31,7 @@ pub async fn spawn_app_with(
     tweak: impl FnOnce(&mut Settings),
 ) -> TestApp {
     let data_dir = tempfile::tempdir().expect("temp dir");
-    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let mut settings = Settings::new(addr, data_dir.path());
+    let mut settings = kit::settings(data_dir.path());
     settings.launcher.gpus = Some(gpus.to_vec());
     settings.launcher.cpu_slots = cpu_slots;
     settings.launcher.stop_grace = Duration::from_secs(2);
@@ -40,24 +40,16 @@ pub async fn spawn_app_with(
     // These tests launch shell commands, which a server refuses unless told otherwise.
     settings.allow_command_launch = true;
     tweak(&mut settings);
-    let app = Application::build(settings).await.expect("server builds");
-    let address = format!("http://127.0.0.1:{}", app.port());
-    let state = app.state().clone();
-    tokio::spawn(app.run_until_stopped());
+    let spawned = kit::spawn(settings).await;
     TestApp {
-        address,
+        address: spawned.address,
         client: client(),
-        state,
+        state: spawned.state,
         data_dir,
     }
 }
 
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client")
-}
+pub use kit::client;
 
 /// Writes an executable shell script.
 pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
@@ -134,8 +126,10 @@ pub async fn wait_for(
     }
 }
 
+/// Waits for a run to end. The budget is only a guard against a hung test: a 4,000-step CPU run
+/// on a loaded 2-core machine took more than 120 s.
 pub async fn wait_terminal(client: &reqwest::Client, address: &str, id: &str) -> Value {
-    wait_for(client, address, id, Duration::from_secs(120), |r| {
+    wait_for(client, address, id, Duration::from_secs(400), |r| {
         matches!(
             r["status"].as_str(),
             Some("finished" | "failed" | "stopped")

@@ -1,8 +1,13 @@
 //! Launcher tests: queue and GPU accounting on a fake inventory, supervision (exit, signals,
 //! restarts, stop), logs, custom commands, and surviving a server SIGKILL.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 mod env;
 mod helpers;
+#[allow(dead_code)]
+#[path = "../kit/mod.rs"]
+mod kit;
 mod restart;
 mod trainer;
 

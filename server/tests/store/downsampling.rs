@@ -1,6 +1,6 @@
 use crate::metrics::pt;
 use crate::runs::new_run;
-use trainyard::store::{DynStore, MetricPoint};
+use trainyard::store::{DynStore, MetricPoint, StoreError, MAX_STEP};
 
 /// A bumpy but bounded curve (values in [1, 2)), so spikes stand out.
 fn curve(step: i64) -> f64 {
@@ -210,4 +210,44 @@ pub async fn a_sparse_window_wider_than_the_budget_fits_and_comes_back_whole(sto
         .iter()
         .enumerate()
         .all(|(i, p)| p.step == i as i64 * 3 && p.value == curve(i as i64)));
+}
+
+pub async fn a_few_far_away_steps_leave_the_dense_part_its_resolution(store: DynStore) {
+    let id = new_run(&store, "outliers").await;
+    let outliers = [1_000_000_000_000, MAX_STEP];
+    let mut points: Vec<_> = (0..20_000).map(|s| pt("loss", s, curve(s))).collect();
+    points.extend(outliers.iter().map(|&s| pt("loss", s, 5.0)));
+    write(&store, &id, points).await;
+    for max_points in [100usize, 1_000] {
+        let s = store
+            .read_series(&id, "loss", None, None, max_points)
+            .await
+            .expect("read");
+        assert_eq!(s.total, 20_002);
+        assert!(s.downsampled);
+        assert!(s.points.len() <= max_points, "{} points", s.points.len());
+        assert!(s.points.windows(2).all(|w| w[0].step < w[1].step));
+        for o in outliers {
+            assert!(s.points.iter().any(|p| p.step == o), "outlier {o} kept");
+        }
+        let dense = s.points.iter().filter(|p| p.step < 20_000).count();
+        assert!(
+            dense >= max_points * 2 / 5,
+            "the dense part kept {dense} of {max_points} points"
+        );
+        let lowest = (0..20_000).map(curve).fold(f64::MAX, f64::min);
+        assert!(s.points.iter().any(|p| p.value == lowest));
+    }
+    // Past the documented range: refused whole, nothing of the batch stored.
+    let err = store
+        .append_points(
+            &id,
+            &[pt("loss", 30_000, 1.0), pt("loss", MAX_STEP + 1, 1.0)],
+            0,
+        )
+        .await
+        .expect_err("a step past MAX_STEP");
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err:?}");
+    let keys = store.metric_keys(&id).await.expect("keys");
+    assert_eq!(keys[0].count, 20_002);
 }

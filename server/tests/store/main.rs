@@ -3,11 +3,19 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`); when it is unreachable the Postgres cases
 //! fail, they are never skipped.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
+#[allow(dead_code)]
+#[path = "../kit/mod.rs"]
+mod kit;
+
 mod harness;
 
 mod downsampling;
 mod experiments;
+mod full_disk;
 mod metrics;
+mod outage;
 mod runs;
 mod search;
 mod series_cache;
@@ -57,6 +65,7 @@ both_backends!(
     metrics::points_since_returns_later_points_in_seq_order,
     metrics::bad_points_are_rejected_as_invalid_and_nothing_is_stored,
     metrics::a_batch_mixing_new_and_stored_points_stores_only_the_new_ones,
+    metrics::a_resent_point_with_another_value_is_reported_as_a_conflict,
     downsampling::a_series_within_the_budget_is_returned_whole,
     downsampling::a_long_series_keeps_every_spike_and_the_global_extremes,
     downsampling::step_bounds_limit_the_points_and_the_total,
@@ -64,6 +73,7 @@ both_backends!(
     downsampling::an_unknown_key_of_a_known_run_is_an_empty_series,
     downsampling::a_window_no_wider_than_the_budget_comes_back_whole,
     downsampling::a_sparse_window_wider_than_the_budget_fits_and_comes_back_whole,
+    downsampling::a_few_far_away_steps_leave_the_dense_part_its_resolution,
     search::runs_are_found_by_status_tag_and_experiment,
     search::pagination_by_creation_time_is_stable_and_complete_with_inserts_between_pages,
     search::pagination_by_name_breaks_ties_by_id,

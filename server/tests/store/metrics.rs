@@ -1,5 +1,5 @@
 use crate::runs::new_run;
-use trainyard::store::{DynStore, MetricPoint, StoreError};
+use trainyard::store::{Conflict, DynStore, MetricPoint, StoreError};
 
 pub fn pt(key: &str, step: i64, value: f64) -> MetricPoint {
     MetricPoint {
@@ -13,18 +13,26 @@ pub fn pt(key: &str, step: i64, value: f64) -> MetricPoint {
 pub async fn a_resent_batch_stores_each_point_once_and_keeps_the_first_value(store: DynStore) {
     let id = new_run(&store, "retry").await;
     let batch: Vec<_> = (0..100).map(|s| pt("loss", s, s as f64)).collect();
-    let stored = store.append_points(&id, &batch, 0).await.expect("first");
+    let stored = store
+        .append_points(&id, &batch, 0)
+        .await
+        .expect("first")
+        .stored;
     assert_eq!(stored.len(), 100);
     assert!(stored
         .windows(2)
         .all(|w| w[0].step < w[1].step && w[0].seq < w[1].seq));
     // The retry carries other values: the first ones stay.
     let retry: Vec<_> = (0..100).map(|s| pt("loss", s, -1.0)).collect();
-    let again = store.append_points(&id, &retry, 0).await.expect("retry");
+    let again = store
+        .append_points(&id, &retry, 0)
+        .await
+        .expect("retry")
+        .stored;
     assert!(again.is_empty(), "nothing new in a resent batch");
     // A batch that repeats a step inside itself keeps its first value too.
     let dup = vec![pt("acc", 5, 0.5), pt("acc", 5, 0.9), pt("loss", 100, 100.0)];
-    let stored = store.append_points(&id, &dup, 0).await.expect("dup");
+    let stored = store.append_points(&id, &dup, 0).await.expect("dup").stored;
     assert_eq!(stored.len(), 2);
     let keys = store.metric_keys(&id).await.expect("keys");
     let loss = keys.iter().find(|k| k.key == "loss").expect("loss key");
@@ -119,11 +127,13 @@ pub async fn points_since_returns_later_points_in_seq_order(store: DynStore) {
     let first = store
         .append_points(&id, &[pt("loss", 0, 3.0), pt("acc", 0, 0.1)], 0)
         .await
-        .expect("first");
+        .expect("first")
+        .stored;
     let second = store
         .append_points(&id, &[pt("loss", 1, 2.0), pt("acc", 1, 0.2)], 0)
         .await
-        .expect("second");
+        .expect("second")
+        .stored;
     let after = store
         .points_since(&id, Some(first[1].seq), None, 100)
         .await
@@ -150,7 +160,8 @@ pub async fn points_since_returns_later_points_in_seq_order(store: DynStore) {
     let stored = store
         .append_points(&id, &[untimed], 4242)
         .await
-        .expect("untimed");
+        .expect("untimed")
+        .stored;
     assert_eq!(stored[0].time, 4242);
     let other = new_run(&store, "other").await;
     assert!(store
@@ -196,10 +207,14 @@ pub async fn a_batch_mixing_new_and_stored_points_stores_only_the_new_ones(store
     let id = new_run(&store, "overlap").await;
     // Even steps first; then a batch of every step, whose range covers the stored ones.
     let evens: Vec<_> = (0..500).map(|s| pt("loss", s * 2, 1.0)).collect();
-    let first = store.append_points(&id, &evens, 0).await.expect("evens");
+    let first = store
+        .append_points(&id, &evens, 0)
+        .await
+        .expect("evens")
+        .stored;
     assert_eq!(first.len(), 500);
     let all: Vec<_> = (0..1_000).map(|s| pt("loss", s, 2.0)).collect();
-    let second = store.append_points(&id, &all, 0).await.expect("all");
+    let second = store.append_points(&id, &all, 0).await.expect("all").stored;
     assert_eq!(second.len(), 500, "only the odd steps are new");
     assert!(second.iter().all(|p| p.step % 2 == 1 && p.value == 2.0));
     let last_seq = first.iter().map(|p| p.seq).max().expect("seqs");
@@ -212,6 +227,7 @@ pub async fn a_batch_mixing_new_and_stored_points_stores_only_the_new_ones(store
             .append_points(&id, &later, 0)
             .await
             .expect("later")
+            .stored
             .len(),
         500
     );
@@ -249,4 +265,73 @@ pub async fn a_batch_mixing_new_and_stored_points_stores_only_the_new_ones(store
             .len(),
         1_500
     );
+}
+
+fn conflict(key: &str, step: i64, stored_value: f64, sent_value: f64) -> Conflict {
+    Conflict {
+        key: key.into(),
+        step,
+        stored_value,
+        sent_value,
+    }
+}
+
+pub async fn a_resent_point_with_another_value_is_reported_as_a_conflict(store: DynStore) {
+    let id = new_run(&store, "conflicts").await;
+    let first: Vec<_> = (0..10).map(|s| pt("loss", s, s as f64)).collect();
+    let appended = store.append_points(&id, &first, 0).await.expect("first");
+    assert_eq!(appended.stored.len(), 10);
+    assert!(appended.conflicts.is_empty());
+
+    // Steps 0-4 resent as they were, 5-9 with other values, 10-11 new.
+    let value = |s: i64| if (5..10).contains(&s) { -1.0 } else { s as f64 };
+    let resent: Vec<_> = (0..12).map(|s| pt("loss", s, value(s))).collect();
+    let appended = store.append_points(&id, &resent, 0).await.expect("resent");
+    let new: Vec<i64> = appended.stored.iter().map(|p| p.step).collect();
+    assert_eq!(new, vec![10, 11]);
+    let expected: Vec<_> = (5..10)
+        .map(|s| conflict("loss", s, s as f64, -1.0))
+        .collect();
+    assert_eq!(appended.conflicts, expected);
+
+    // Within one batch of new points the first value wins and a different repeat conflicts
+    // (a repeat with the same value does not).
+    let batch = [
+        pt("acc", 0, 0.5),
+        pt("acc", 0, 0.9),
+        pt("acc", 0, 0.5),
+        pt("acc", 1, 1.0),
+    ];
+    let appended = store.append_points(&id, &batch, 0).await.expect("repeats");
+    assert_eq!(appended.stored.len(), 2);
+    assert_eq!(appended.conflicts, vec![conflict("acc", 0, 0.5, 0.9)]);
+
+    // Stored, repeated and new points mixed: every conflict is against the kept value.
+    let batch = [
+        pt("loss", 20, 1.0),
+        pt("loss", 6, 6.0),
+        pt("loss", 6, 8.0),
+        pt("loss", 20, 2.0),
+        pt("acc", 1, 3.0),
+    ];
+    let appended = store.append_points(&id, &batch, 0).await.expect("mixed");
+    assert_eq!(appended.stored.len(), 1);
+    assert_eq!(
+        appended.conflicts,
+        vec![
+            conflict("loss", 6, 6.0, 8.0),
+            conflict("loss", 20, 1.0, 2.0),
+            conflict("acc", 1, 1.0, 3.0),
+        ]
+    );
+
+    // Idempotent all the same: the stored values did not change.
+    let series = store
+        .read_series(&id, "loss", None, None, 1_000)
+        .await
+        .expect("read");
+    let values: Vec<(i64, f64)> = series.points.iter().map(|p| (p.step, p.value)).collect();
+    let mut expected: Vec<(i64, f64)> = (0..12).map(|s| (s, s as f64)).collect();
+    expected.push((20, 1.0));
+    assert_eq!(values, expected);
 }

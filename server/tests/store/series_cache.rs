@@ -38,7 +38,11 @@ async fn postgres_a_series_removed_behind_the_store_is_created_again_on_the_next
     }
 
     let third: Vec<_> = (200..250).map(|s| pt("loss", s, 3.0)).collect();
-    let stored = store.append_points(&id, &third, 0).await.expect("third");
+    let stored = store
+        .append_points(&id, &third, 0)
+        .await
+        .expect("third")
+        .stored;
     assert_eq!(stored.len(), 50);
     let orphans: i64 =
         sqlx::query_scalar("SELECT count(*) FROM metric_points WHERE series_id = $1")

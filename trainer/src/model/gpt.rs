@@ -27,24 +27,16 @@ pub struct Block {
 
 impl Block {
     pub fn new(cfg: &ModelConfig, layer: usize, vb: VarBuilder) -> Result<Self> {
-        let norm =
-            |name: &str| Norm::new(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, vb.pp(name));
         let mlp = match &cfg.moe {
             Some(moe) if (layer + 1).is_multiple_of(moe.every_n_layers) => {
                 FeedForward::Moe(MoeLayer::new(cfg, moe, layer, vb.pp("mlp"))?)
             }
-            _ => FeedForward::Dense(Mlp::new(
-                cfg.d_model,
-                cfg.d_ff,
-                cfg.activation,
-                cfg.bias,
-                vb.pp("mlp"),
-            )?),
+            _ => FeedForward::Dense(Mlp::new(cfg, vb.pp("mlp"))?),
         };
         Ok(Block {
-            ln_1: norm("ln_1")?,
+            ln_1: Norm::new(cfg, vb.pp("ln_1"))?,
             attn: CausalSelfAttention::new(cfg, vb.pp("attn"))?,
-            ln_2: norm("ln_2")?,
+            ln_2: Norm::new(cfg, vb.pp("ln_2"))?,
             mlp,
             dropout: cfg.dropout,
         })
@@ -79,8 +71,8 @@ pub struct Gpt {
     wpe: Option<Embedding>,
     h: Vec<Block>,
     ln_f: Norm,
-    /// None when the output head is tied to `wte`.
-    lm_head: Option<Linear>,
+    /// D → V; the `wte` table itself when embeddings are tied.
+    lm_head: Linear,
     cfg: ModelConfig,
 }
 
@@ -96,16 +88,11 @@ impl Gpt {
         let h = (0..cfg.n_layers)
             .map(|i| Block::new(cfg, i, vb.pp(format!("h.{i}"))))
             .collect::<Result<Vec<_>>>()?;
-        let ln_f = Norm::new(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, vb.pp("ln_f"))?;
+        let ln_f = Norm::new(cfg, vb.pp("ln_f"))?;
         let lm_head = if cfg.tie_embeddings {
-            None
+            Linear::tied(wte.table())
         } else {
-            Some(Linear::new(
-                cfg.d_model,
-                cfg.vocab_size,
-                false,
-                vb.pp("lm_head"),
-            )?)
+            Linear::new(cfg.d_model, cfg.vocab_size, false, vb.pp("lm_head"))?
         };
         Ok(Gpt {
             wte,
@@ -128,7 +115,7 @@ impl Gpt {
         idx: &Tensor,
         mut dropout: Option<&mut DropoutRng>,
     ) -> Result<ModelOutput> {
-        let (b, t) = idx.dims2()?;
+        let (_, t) = idx.dims2()?;
         if t > self.cfg.max_seq_len {
             bail!(
                 "sequence length {t} exceeds model.max_seq_len {}",
@@ -155,20 +142,7 @@ impl Gpt {
             }
         }
         let x = self.ln_f.forward(&x)?; // (B, T, D)
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&x)?,
-            None => {
-                let d = self.cfg.d_model;
-                let flat = x.reshape((b * t, d))?; // (BT, D)
-                let table = self.wte.table(); // (V, D)
-                let logits = if super::fused::use_fused(&flat) && !super::autocast::is_active() {
-                    super::fused_linear::linear(&flat, table, None)?
-                } else {
-                    super::autocast::matmul(&flat, &table.t()?)?
-                }; // (BT, V)
-                logits.reshape((b, t, self.cfg.vocab_size))?
-            }
-        }; // (B, T, V)
+        let logits = self.lm_head.forward(&x)?; // (B, T, V)
         Ok(ModelOutput {
             logits,
             aux_loss: aux,

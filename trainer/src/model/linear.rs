@@ -1,10 +1,9 @@
-//! A linear layer that flattens leading dimensions into one matmul (one GEMM instead of a
-//! batched one over broadcast weights), for both the forward and the backward pass.
+//! A linear layer, y = x·Wᵀ + b, over the last dim of any input.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
-use super::{fused, fused_linear};
+use crate::kernels;
 
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -33,29 +32,23 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// A bias-free layer on an existing (out, in) weight, e.g. an output head tied to the
+    /// token embedding table (the same variable, so both uses add to its gradient).
+    pub fn tied(weight: &Tensor) -> Self {
+        Linear {
+            weight: weight.clone(),
+            bias: None,
+        }
+    }
+
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
 }
 
 impl Module for Linear {
+    /// (.., in) → (.., out)
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let (lead, in_dim) = dims.split_at(dims.len() - 1);
-        let out_dim = self.weight.dim(0)?;
-        let x2 = x.reshape(((), in_dim[0]))?; // (N, in)
-        let y = if fused::use_fused(&x2) && !super::autocast::is_active() {
-            fused_linear::linear(&x2, &self.weight, self.bias.as_ref())? // (N, out)
-        } else {
-            let y = super::autocast::matmul(&x2, &self.weight.t()?)?; // (N, out)
-            match &self.bias {
-                Some(b) if fused::use_fused(&y) => fused::add_bias(&y, b)?,
-                Some(b) => y.broadcast_add(b)?,
-                None => y,
-            }
-        };
-        let mut shape = lead.to_vec();
-        shape.push(out_dim);
-        y.reshape(shape)
+        kernels::linear(x, &self.weight, self.bias.as_ref())
     }
 }

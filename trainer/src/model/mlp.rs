@@ -3,8 +3,9 @@
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
-use super::{fused, Linear};
-use crate::config::Activation;
+use super::Linear;
+use crate::config::{Activation, ModelConfig};
+use crate::kernels;
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -17,21 +18,16 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn new(
-        d_model: usize,
-        d_ff: usize,
-        activation: Activation,
-        bias: bool,
-        vb: VarBuilder,
-    ) -> Result<Self> {
-        let fc_out = match activation {
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let (d, d_ff) = (cfg.d_model, cfg.d_ff);
+        let fc_out = match cfg.activation {
             Activation::Gelu => d_ff,
             Activation::Swiglu => 2 * d_ff,
         };
         Ok(Mlp {
-            c_fc: Linear::new(d_model, fc_out, bias, vb.pp("c_fc"))?,
-            c_proj: Linear::new(d_ff, d_model, bias, vb.pp("c_proj"))?,
-            activation,
+            c_fc: Linear::new(d, fc_out, cfg.bias, vb.pp("c_fc"))?,
+            c_proj: Linear::new(d_ff, d, cfg.bias, vb.pp("c_proj"))?,
+            activation: cfg.activation,
             d_ff,
         })
     }
@@ -42,15 +38,13 @@ impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.c_fc.forward(x)?; // (.., d_ff or 2·d_ff)
         let h = match self.activation {
-            // tanh approximation, as GPT-2; fused forward and backward on CPU.
-            Activation::Gelu if fused::use_fused(&h) => fused::gelu_tanh(&h)?,
-            Activation::Gelu => h.gelu()?,
+            Activation::Gelu => kernels::gelu_tanh(&h)?, // tanh approximation, as GPT-2
             Activation::Swiglu => {
-                let gate = h.narrow(D::Minus1, 0, self.d_ff)?;
+                let gate = h.narrow(D::Minus1, 0, self.d_ff)?; // (.., d_ff)
                 let up = h.narrow(D::Minus1, self.d_ff, self.d_ff)?;
                 (gate.silu()? * up)?
             }
         };
-        self.c_proj.forward(&h)
+        self.c_proj.forward(&h) // (.., d)
     }
 }

@@ -1,31 +1,25 @@
 //! The GPT decoder: embeddings, pre-norm blocks of causal attention and MLP (or
-//! Mixture-of-Experts), tied output head. Every op used here has a backward pass; the
-//! finite-difference tests in `tests/gradcheck.rs` prove it.
+//! Mixture-of-Experts), tied output head. The layers here are the math; every op they call
+//! (`crate::kernels`) picks a fused CPU kernel or candle's primitives by itself, and has a
+//! backward pass: the finite-difference tests in `tests/gradcheck.rs` prove it.
 
 mod attention;
-pub mod autocast;
-mod cpu_gemm;
 mod embedding;
-pub mod fused;
-pub mod fused_attention;
-pub mod fused_linear;
-pub mod fused_loss;
-pub mod fused_norm;
 mod gpt;
 mod init;
 mod linear;
 mod mlp;
 pub mod moe;
 mod norm;
-mod sgemm;
-pub mod simd;
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{Result, Tensor};
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+/// The training objective: mean next-token cross-entropy of (B, T, V) logits.
+pub use crate::kernels::cross_entropy;
 pub use attention::CausalSelfAttention;
 pub use embedding::Embedding;
 pub use gpt::{Block, Gpt};
@@ -97,26 +91,4 @@ pub(crate) fn maybe_dropout(x: &Tensor, p: f64, rng: Option<&mut DropoutRng>) ->
         Some(rng) if p > 0.0 => rng.dropout(x, p),
         _ => Ok(x.clone()),
     }
-}
-
-/// Mean next-token cross-entropy. `logits` (B, T, V) float, `targets` (B, T) u32.
-/// A log-softmax from differentiable primitives, shifted by the (constant) row max for
-/// stability; computed in f32 at least, whatever the logits' dtype.
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let v = logits.dim(D::Minus1)?;
-    let logits = match logits.dtype() {
-        DType::F64 | DType::F32 => logits.clone(),
-        _ => logits.to_dtype(DType::F32)?,
-    };
-    let logits = logits.reshape(((), v))?; // (N, V)
-    if fused::use_fused(&logits) && targets.dtype() == DType::U32 {
-        // One pass each way over the logits.
-        return fused_loss::cross_entropy_mean(&logits, &targets.flatten_all()?);
-    }
-    let targets = targets.flatten_all()?.unsqueeze(1)?; // (N, 1)
-    let max = logits.max_keepdim(1)?.detach(); // (N, 1)
-    let z = logits.broadcast_sub(&max)?; // (N, V)
-    let lse = z.exp()?.sum_keepdim(1)?.log()?; // (N, 1)
-    let picked = z.gather(&targets, 1)?; // (N, 1)
-    (lse - picked)?.mean_all()
 }

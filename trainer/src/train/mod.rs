@@ -24,8 +24,10 @@ use candle_nn::{VarBuilder, VarMap};
 use crate::checkpoint::{self, Snapshot, TrainState};
 use crate::config::Config;
 use crate::data::{self, Batch, BatchSampler, PreparedData};
+use crate::kernels;
 use crate::model::{self, DropoutRng, Gpt, MoeLayerStats};
 use crate::optim::{self, clip_grad_norm, lr_at, Optimizer};
+use crate::wire::moe_keys;
 
 pub use run::{run, RunOptions, RunOutcome};
 
@@ -169,7 +171,7 @@ impl Trainer {
     pub fn step(&mut self) -> Result<StepStats> {
         let started = Instant::now();
         let t = &self.cfg.training;
-        let _autocast = model::autocast::autocast(t.precision);
+        let _autocast = kernels::autocast::autocast(t.precision);
         let accum = t.grad_accum_steps.max(1);
         let step_index = self.state.step; // 0-based index of this step
         let lr = lr_at(t, step_index as usize);
@@ -233,7 +235,7 @@ impl Trainer {
 
     /// Mean validation loss over the fixed `eval_iters` validation batches (no dropout).
     pub fn estimate_loss(&self) -> Result<f64> {
-        let _autocast = model::autocast::autocast(self.cfg.training.precision);
+        let _autocast = kernels::autocast::autocast(self.cfg.training.precision);
         let mut sum = 0.0f64;
         for batch in &self.eval_batches {
             let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)
@@ -275,17 +277,17 @@ fn dropout_seed_for(base: u64, step: u64) -> u64 {
     base ^ step.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// MoE telemetry: `moe/aux_loss` and `moe/z_loss` (unweighted, mean over layers and
-/// micro-batches), and per layer `moe/layer{L}/expert{E}` (share of routing assignments),
-/// `moe/layer{L}/dropped` and `moe/layer{L}/entropy` (micro-batches averaged).
+/// MoE telemetry (keys in `wire::moe_keys`): the aux and z losses (unweighted, mean over layers
+/// and micro-batches), and per layer each expert's share of routing assignments, the dropped
+/// fraction and the router entropy (micro-batches averaged).
 pub fn moe_metrics(stats: &[MoeLayerStats], out: &mut BTreeMap<String, f64>) {
     let n = stats.len().max(1) as f64;
     out.insert(
-        "moe/aux_loss".into(),
+        moe_keys::AUX_LOSS.into(),
         stats.iter().map(|s| f64::from(s.aux_loss)).sum::<f64>() / n,
     );
     out.insert(
-        "moe/z_loss".into(),
+        moe_keys::Z_LOSS.into(),
         stats.iter().map(|s| f64::from(s.z_loss)).sum::<f64>() / n,
     );
     let mut per_layer: BTreeMap<usize, Vec<&MoeLayerStats>> = BTreeMap::new();
@@ -304,11 +306,11 @@ pub fn moe_metrics(stats: &[MoeLayerStats], out: &mut BTreeMap<String, f64>) {
                 .iter()
                 .map(|s| f64::from(s.tokens_per_expert.get(e).copied().unwrap_or(0.0)))
                 .sum();
-            out.insert(format!("moe/layer{layer}/expert{e}"), share / k);
+            out.insert(moe_keys::expert(layer, e), share / k);
         }
         let dropped: f64 = group.iter().map(|s| f64::from(s.dropped_fraction)).sum();
-        out.insert(format!("moe/layer{layer}/dropped"), dropped / k);
+        out.insert(moe_keys::dropped(layer), dropped / k);
         let entropy: f64 = group.iter().map(|s| f64::from(s.router_entropy)).sum();
-        out.insert(format!("moe/layer{layer}/entropy"), entropy / k);
+        out.insert(moe_keys::entropy(layer), entropy / k);
     }
 }

@@ -3,20 +3,16 @@
 //! `GET /api/v1/charts/compare.svg|.png?runs=a,b&key=K`.
 //! Series are read downsampled (min/max kept), so a chart of a million-point metric is cheap.
 
+use crate::http::palette;
 use crate::store::{DynStore, Series, StoreError};
 use plotters::prelude::*;
 use serde::Deserialize;
 
-pub const PALETTE: [RGBColor; 8] = [
-    RGBColor(0x2f, 0x6f, 0xde),
-    RGBColor(0xe0, 0x66, 0x3a),
-    RGBColor(0x2a, 0x9d, 0x63),
-    RGBColor(0x9b, 0x59, 0xb6),
-    RGBColor(0xd4, 0xa0, 0x17),
-    RGBColor(0x17, 0xa2, 0xb8),
-    RGBColor(0xc0, 0x39, 0x2b),
-    RGBColor(0x7f, 0x8c, 0x8d),
-];
+/// The `i`-th line's colour: the dashboard's one palette, as a plotters colour.
+fn series_color(i: usize) -> RGBColor {
+    let (r, g, b) = palette::rgb(i);
+    RGBColor(r, g, b)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -231,7 +227,7 @@ where
                 .draw()
                 .map_err(err)?;
             for (i, line) in lines.iter().enumerate() {
-                let color = PALETTE[i % PALETTE.len()];
+                let color = series_color(i);
                 let pts = line
                     .points
                     .iter()
@@ -408,7 +404,7 @@ async fn compare_chart(
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .collect();
-    if ids.is_empty() || ids.len() > PALETTE.len() * 4 {
+    if ids.is_empty() || ids.len() > palette::PALETTE.len() * 4 {
         return Err(ChartError::Invalid {
             field: "runs",
             message: "give 1 to 32 comma-separated run ids".into(),

@@ -92,7 +92,9 @@ impl StreamPosition {
     }
 }
 
-/// Live points (`event: points`) and status changes (`event: status`) of one run.
+/// Live points (`event: points`) and status changes (`event: status`) of one run. A stream the
+/// server has to end on its own failure sends `event: stream_error` last; the client reconnects
+/// with `Last-Event-ID` and resumes.
 #[utoipa::path(get, path = "/api/v1/runs/{id}/events", tag = "events",
     params(
         ("id" = String, Path, description = "Run id"),
@@ -100,7 +102,7 @@ impl StreamPosition {
         EventParams,
     ),
     responses(
-        (status = 200, description = "text/event-stream of `points` and `status` events", content_type = "text/event-stream", body = String),
+        (status = 200, description = "text/event-stream of `points` and `status` events, and `stream_error` before the server ends a stream on its own failure", content_type = "text/event-stream", body = String),
         (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody),
     ))]
@@ -139,19 +141,25 @@ pub async fn run_events(
             Ok(()) | Err(StreamEnd::ClientGone) => {}
             Err(StreamEnd::Store(e)) => {
                 tracing::error!(run_id, error = %e, "SSE stream failed reading the store");
-                let _ = tx
-                    .send(Event::default().event("error").data("internal error"))
-                    .await;
+                let _ = tx.send(stream_error()).await;
             }
             Err(StreamEnd::Encode(e)) => {
                 tracing::error!(run_id, error = %e, "SSE stream failed encoding an event");
-                let _ = tx
-                    .send(Event::default().event("error").data("internal error"))
-                    .await;
+                let _ = tx.send(stream_error()).await;
             }
         }
     });
     Ok(Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+/// Name of the event that ends a run stream on a server-side failure. Not `error`: in the
+/// browser that name is EventSource's own connection-error event, which a listener could not
+/// tell apart from this one.
+pub const STREAM_ERROR: &str = "stream_error";
+
+/// The last event of a run stream the server had to end (the cause is logged, never sent).
+fn stream_error() -> Event {
+    Event::default().event(STREAM_ERROR).data("internal error")
 }
 
 enum StreamEnd {
@@ -281,7 +289,7 @@ async fn send<T: Serialize>(
 /// Status changes of every run (`event: status`), for the runs table. A client that fell too far
 /// behind gets `event: lagged` and should reload the table.
 #[utoipa::path(get, path = "/api/v1/events", tag = "events",
-    responses((status = 200, description = "text/event-stream of `status` events", content_type = "text/event-stream", body = String)))]
+    responses((status = 200, description = "text/event-stream of `status` events, and `lagged` when the client fell behind", content_type = "text/event-stream", body = String)))]
 #[instrument(skip(state))]
 pub async fn all_events(
     State(state): State<AppState>,
@@ -385,6 +393,14 @@ mod tests {
                 digits.parse().ok()
             })
             .collect()
+    }
+
+    #[test]
+    fn a_failed_stream_ends_with_an_event_not_named_like_the_browsers_connection_error() {
+        // Events only render to text: read the name back from the SSE wire form.
+        let text = format!("{:?}", stream_error());
+        assert!(text.contains("event: stream_error\\n"), "{text}");
+        assert!(!text.contains("event: error\\n"), "{text}");
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! `GET /api/v1/runs/{id}/expert-utilization`: MoE telemetry served as one matrix per layer.
 //!
 //! The trainer reports the share of routed tokens per expert as ordinary metric keys,
-//! `moe/layer{L}/expert{E}` (plus `moe/layer{L}/dropped` and `moe/layer{L}/entropy`), so they go
-//! through the one ingest path and are idempotent like every point. This endpoint regroups them
-//! into a steps × experts matrix per layer, the shape a heatmap draws.
+//! `moe/layer{L}/expert{E}` (plus `moe/layer{L}/dropped` and `moe/layer{L}/entropy`; the format
+//! lives in `trainer::wire::moe_keys`), so they go through the one ingest path and are
+//! idempotent like every point. This endpoint regroups them into a steps × experts matrix per
+//! layer, the shape a heatmap draws.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,11 +13,11 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
+use trainer::wire::moe_keys;
 
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
-use crate::http::pages::views::expert_key;
 use crate::store::SeriesPoint;
 
 /// Matrix rows returned when `max_steps` is absent, and the most allowed.
@@ -86,7 +87,7 @@ pub async fn expert_utilization(
     let keys = state.store.metric_keys(&id).await?; // NotFound for a missing run
     let mut experts_per_layer: BTreeMap<u32, u32> = BTreeMap::new();
     for k in &keys {
-        if let Some((layer, expert)) = expert_key(&k.key) {
+        if let Some((layer, expert)) = moe_keys::parse_expert(&k.key) {
             let n = experts_per_layer.entry(layer).or_insert(0);
             *n = (*n).max(expert + 1);
         }
@@ -98,7 +99,7 @@ pub async fn expert_utilization(
     for (layer, experts) in experts_per_layer {
         let mut columns = Vec::with_capacity(experts as usize);
         for e in 0..experts {
-            let key = format!("moe/layer{layer}/expert{e}");
+            let key = moe_keys::expert(layer as usize, e as usize);
             let series = state
                 .store
                 .read_series(&id, &key, None, None, read_points)
@@ -106,8 +107,10 @@ pub async fn expert_utilization(
             columns.push(series.points);
         }
         let mut extra = Vec::with_capacity(2);
-        for name in ["dropped", "entropy"] {
-            let key = format!("moe/layer{layer}/{name}");
+        for key in [
+            moe_keys::dropped(layer as usize),
+            moe_keys::entropy(layer as usize),
+        ] {
             let series = state
                 .store
                 .read_series(&id, &key, None, None, read_points)

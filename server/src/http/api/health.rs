@@ -7,10 +7,11 @@ use serde::Serialize;
 
 use crate::app::AppState;
 use crate::http::error::ApiError;
+use crate::store::StoreError;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Health {
-    /// Always `ok` when the response is 200.
+    /// Always `ok` when the response is 200 (an unhealthy store answers 503).
     pub status: &'static str,
     /// `sqlite` or `postgres`.
     pub backend: &'static str,
@@ -21,11 +22,28 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/healthz", get(healthz))
 }
 
+/// Seconds a health checker is asked to wait before asking again while the store is unhealthy.
+const RETRY_AFTER_S: u32 = 10;
+
 #[utoipa::path(get, path = "/healthz", tag = "health",
-    responses((status = 200, body = Health), (status = 500, body = crate::http::error::ErrorBody)))]
+    responses(
+        (status = 200, body = Health),
+        (status = 503, description = "The store cannot read, or cannot write since its last \
+            write failed (e.g. a full disk)", body = crate::http::error::ErrorBody),
+    ))]
 pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    // A cheap read proves the database connection works.
-    state.store.list_experiments().await?;
+    // A cheap read, plus a small write after a failed one (see `Store::health`).
+    if let Err(e) = state.store.health().await {
+        tracing::warn!(error = %format!("{e:#}"), "health check failed");
+        let why = match e {
+            StoreError::StorageFull(_) => "the database is out of disk space",
+            _ => "the database does not answer",
+        };
+        return Err(ApiError::Unavailable {
+            message: format!("unhealthy: {why}"),
+            retry_after: RETRY_AFTER_S,
+        });
+    }
     Ok(Json(Health {
         status: "ok",
         backend: state.store.backend(),

@@ -12,7 +12,7 @@ use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::{ApiJson, ApiQuery};
 use crate::ingest::ingest_points;
-use crate::store::{MetricKey, Series};
+use crate::store::{Conflict, MetricKey, Series};
 
 /// Points returned by a series read when `max_points` is absent, and the most allowed.
 pub const DEFAULT_MAX_POINTS: usize = 1000;
@@ -30,6 +30,11 @@ pub struct Accepted {
     pub accepted: usize,
     /// Points that were new (a re-sent batch stores nothing twice).
     pub stored: usize,
+    /// Points whose (key, step) was already stored, or repeated earlier in this request, with
+    /// another value. Writes stay idempotent: the stored value is kept and this one ignored.
+    pub conflicts: usize,
+    /// The first ten conflicting points, in request order, with both values.
+    pub first_conflicts: Vec<Conflict>,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -60,7 +65,9 @@ fn parse_i64(field: &str, text: Option<&str>) -> Result<Option<i64>, ApiError> {
         .transpose()
 }
 
-/// Appends up to 10,000 points in one transaction; idempotent on (run, key, step).
+/// Appends up to 10,000 points in one transaction; idempotent on (run, key, step): a point
+/// already stored keeps its first value, and one sent again with another value is counted in
+/// `conflicts`.
 #[utoipa::path(post, path = "/api/v1/runs/{id}/metrics", tag = "metrics",
     params(("id" = String, Path, description = "Run id")),
     request_body = MetricBatchDoc,
@@ -69,6 +76,10 @@ fn parse_i64(field: &str, text: Option<&str>) -> Result<Option<i64>, ApiError> {
         (status = 404, description = "Unknown run", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 422, description = "Invalid point (the field names it)", body = ErrorBody),
+        (status = 503, description = "The database is unavailable; retry after Retry-After \
+            seconds (nothing was stored)", body = ErrorBody),
+        (status = 507, description = "The database is out of disk space (nothing was \
+            stored)", body = ErrorBody),
     ))]
 #[instrument(skip(state, batch), fields(points = batch.points.len()))]
 pub async fn post_metrics(
@@ -80,6 +91,8 @@ pub async fn post_metrics(
     Ok(Json(Accepted {
         accepted: outcome.accepted,
         stored: outcome.stored,
+        conflicts: outcome.conflicts,
+        first_conflicts: outcome.first_conflicts,
     }))
 }
 

@@ -18,16 +18,9 @@ use super::openapi::RunPatchDoc;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::{ApiJson, ApiQuery};
+use crate::search::SearchParams;
 use crate::status::{change_status, illegal_transition, transition_allowed, Actor};
-use crate::store::filter::Filter;
-use crate::store::{
-    ExitInfo, LatestMetric, NewRun, Run, RunQuery, RunStatus, RunUpdate, SortDir, SortKey,
-    DEFAULT_EXPERIMENT,
-};
-
-/// Page size when `limit` is absent, and the largest allowed.
-pub const DEFAULT_LIMIT: usize = 100;
-pub const MAX_LIMIT: usize = 1000;
+use crate::store::{ExitInfo, LatestMetric, NewRun, Run, RunStatus, RunUpdate, DEFAULT_EXPERIMENT};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -99,85 +92,6 @@ impl CreateRun {
             command: self.command,
         }
     }
-}
-
-/// Query string of `GET /api/v1/runs`. Everything is a string so each bad value gets an error
-/// naming its parameter.
-#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct SearchParams {
-    /// Experiment id or name.
-    pub experiment: Option<String>,
-    /// One of created, queued, running, finished, failed, stopped.
-    pub status: Option<String>,
-    /// `key` (tag present) or `key=value`.
-    pub tag: Option<String>,
-    /// Filter, e.g. `metrics.val/loss < 2.5 and params.training.lr = 0.001`.
-    pub q: Option<String>,
-    /// `created_at`, `name`, `status`, `params.<key>` or `metrics.<key>`; prefix `-` for
-    /// descending. Default `-created_at`.
-    pub sort: Option<String>,
-    /// 1..=1000, default 100.
-    pub limit: Option<String>,
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
-}
-
-/// Parses `sort`: `[-]created_at|name|status|params.<key>|metrics.<key>`.
-pub fn parse_sort(text: &str) -> Result<(SortKey, SortDir), ApiError> {
-    let (dir, name) = match text.strip_prefix('-') {
-        Some(rest) => (SortDir::Desc, rest),
-        None => (SortDir::Asc, text.strip_prefix('+').unwrap_or(text)),
-    };
-    let key = match name {
-        "created_at" => SortKey::CreatedAt,
-        "name" => SortKey::Name,
-        "status" => SortKey::Status,
-        _ => match name.split_once('.') {
-            Some(("params", key)) if !key.is_empty() => SortKey::Param(key.to_string()),
-            Some(("metrics", key)) if !key.is_empty() => SortKey::Metric(key.to_string()),
-            _ => {
-                return Err(ApiError::bad_request(
-                    "sort",
-                    format!(
-                        "cannot sort by `{text}`: expected created_at, name, status, \
-                         params.<key> or metrics.<key>, optionally prefixed with `-`"
-                    ),
-                ))
-            }
-        },
-    };
-    Ok((key, dir))
-}
-
-pub fn parse_limit(text: Option<&str>) -> Result<usize, ApiError> {
-    let Some(text) = text else {
-        return Ok(DEFAULT_LIMIT);
-    };
-    match text.parse::<usize>() {
-        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
-        _ => Err(ApiError::bad_request(
-            "limit",
-            format!("limit must be an integer from 1 to {MAX_LIMIT}, got `{text}`"),
-        )),
-    }
-}
-
-pub fn parse_status(text: &str) -> Result<RunStatus, ApiError> {
-    text.parse::<RunStatus>()
-        .map_err(|message| ApiError::bad_request("status", message))
-}
-
-fn parse_filter(text: &str) -> Result<Option<Filter>, ApiError> {
-    if text.trim().is_empty() {
-        return Ok(None);
-    }
-    Filter::parse(text)
-        .map(Some)
-        .map_err(|e| ApiError::InvalidFilter {
-            position: e.position,
-            message: e.message,
-        })
 }
 
 /// A run as the runs list shows it: everything but the config (its flattened `params` are
@@ -310,30 +224,7 @@ pub async fn search_runs(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<SearchParams>,
 ) -> Result<Json<RunList>, ApiError> {
-    let (sort, dir) = match params.sort.as_deref() {
-        Some(text) if !text.is_empty() => parse_sort(text)?,
-        _ => (SortKey::CreatedAt, SortDir::Desc),
-    };
-    let limit = parse_limit(params.limit.as_deref())?;
-    let status = params.status.as_deref().map(parse_status).transpose()?;
-    let filter = match params.q.as_deref() {
-        Some(q) => parse_filter(q)?,
-        None => None,
-    };
-    let experiment_id = match params.experiment.as_deref() {
-        Some(e) if !e.is_empty() => Some(state.store.get_experiment(e).await?.id),
-        _ => None,
-    };
-    let query = RunQuery {
-        experiment_id,
-        status,
-        tag: params.tag.filter(|t| !t.is_empty()),
-        filter,
-        sort,
-        dir,
-        limit,
-        cursor: params.cursor.filter(|c| !c.is_empty()),
-    };
+    let query = params.to_query(&state.store).await?;
     let page = state.store.search_runs(&query).await?;
     Ok(Json(RunList {
         runs: page.runs.into_iter().map(RunSummary::from).collect(),
@@ -433,53 +324,4 @@ pub async fn patch_run(
         }
     }
     Ok(Json(run))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sort_specs_parse_into_key_and_direction() {
-        let cases = [
-            ("created_at", SortKey::CreatedAt, SortDir::Asc),
-            ("-created_at", SortKey::CreatedAt, SortDir::Desc),
-            ("name", SortKey::Name, SortDir::Asc),
-            (
-                "-metrics.val/loss",
-                SortKey::Metric("val/loss".into()),
-                SortDir::Desc,
-            ),
-            (
-                "params.training.lr",
-                SortKey::Param("training.lr".into()),
-                SortDir::Asc,
-            ),
-        ];
-        for (text, key, dir) in cases {
-            let (k, d) = parse_sort(text).unwrap_or_else(|e| panic!("{text}: {e}"));
-            assert_eq!((k, d), (key, dir), "{text}");
-        }
-    }
-
-    #[test]
-    fn unknown_sort_keys_are_rejected_naming_the_sort_field() {
-        for text in ["bogus", "params.", "metrics", "-", "latest.loss"] {
-            match parse_sort(text) {
-                Err(ApiError::BadRequest { field, .. }) => {
-                    assert_eq!(field.as_deref(), Some("sort"))
-                }
-                other => panic!("{text}: expected bad request, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn limits_outside_one_to_a_thousand_are_rejected() {
-        assert_eq!(parse_limit(None).ok(), Some(DEFAULT_LIMIT));
-        assert_eq!(parse_limit(Some("1000")).ok(), Some(1000));
-        for bad in ["0", "1001", "-1", "ten", ""] {
-            assert!(parse_limit(Some(bad)).is_err(), "{bad}");
-        }
-    }
 }

@@ -4,6 +4,7 @@
 use super::views::*;
 use super::{check_run_id, html, Dashboard, PageError, PageResult};
 use axum::extract::{Query, State};
+use trainer::wire::moe_keys;
 
 // ---------------------------------------------------------------------------------------------
 // Compare
@@ -46,7 +47,7 @@ pub async fn compare_page(
     let mut all_keys: Vec<String> = runs
         .iter()
         .flat_map(|r| r.latest_metrics.keys().cloned())
-        .filter(|k| expert_key(k).is_none())
+        .filter(|k| moe_keys::parse_expert(k).is_none())
         .collect();
     all_keys.sort();
     all_keys.dedup();

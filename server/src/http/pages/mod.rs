@@ -3,6 +3,7 @@
 //! the API (stop, relaunch, launch) go through the API router in-process, so there is one
 //! implementation of each.
 
+mod assets;
 pub mod checkpoints;
 pub mod compare;
 pub mod launch;
@@ -13,7 +14,7 @@ pub mod views;
 use crate::store::{DynStore, StoreError};
 use askama::Template;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, Method, Request, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -156,7 +157,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<
             dashboard.clone(),
             require_token,
         ))
-        .route("/static/{file}", get(static_file))
+        .route("/static/{*file}", get(assets::static_file))
         .with_state(dashboard)
 }
 
@@ -184,61 +185,6 @@ async fn require_token(
     };
     let body = page.render().unwrap_or_default();
     (StatusCode::UNAUTHORIZED, Html(body)).into_response()
-}
-
-// ---------------------------------------------------------------------------------------------
-// Static assets, embedded so the binary serves the dashboard from any directory.
-
-const ASSETS: &[(&str, &str, &str)] = &[
-    (
-        "app.css",
-        "text/css; charset=utf-8",
-        include_str!("../../../../static/app.css"),
-    ),
-    (
-        "chart.js",
-        "text/javascript; charset=utf-8",
-        include_str!("../../../../static/chart.js"),
-    ),
-    (
-        "heatmap.js",
-        "text/javascript; charset=utf-8",
-        include_str!("../../../../static/heatmap.js"),
-    ),
-    (
-        "live.js",
-        "text/javascript; charset=utf-8",
-        include_str!("../../../../static/live.js"),
-    ),
-    (
-        "run.js",
-        "text/javascript; charset=utf-8",
-        include_str!("../../../../static/run.js"),
-    ),
-    (
-        "runs.js",
-        "text/javascript; charset=utf-8",
-        include_str!("../../../../static/runs.js"),
-    ),
-    (
-        "compare.js",
-        "text/javascript; charset=utf-8",
-        include_str!("../../../../static/compare.js"),
-    ),
-];
-
-async fn static_file(Path(file): Path<String>) -> Response {
-    match ASSETS.iter().find(|(name, _, _)| *name == file) {
-        Some((_, mime, body)) => (
-            [
-                (header::CONTENT_TYPE, *mime),
-                (header::CACHE_CONTROL, "no-cache"),
-            ],
-            *body,
-        )
-            .into_response(),
-        None => (StatusCode::NOT_FOUND, "not found").into_response(),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,21 +3,19 @@
 
 use super::views::*;
 use super::{html, Dashboard, PageResult};
-use crate::store::{Run, RunQuery, RunStatus, StoreError};
+use crate::search::{SearchOrStoreError, SearchParams};
+use crate::store::{Run, RunStatus, StoreError};
 use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
+/// The runs table's query string: a run search (parsed exactly as `GET /api/v1/runs` parses
+/// it) plus the page's own column choice.
 #[derive(Debug, Default, Deserialize)]
 pub struct RunsParams {
-    pub experiment: Option<String>,
-    pub status: Option<String>,
-    pub tag: Option<String>,
-    pub q: Option<String>,
+    #[serde(flatten)]
+    pub search: SearchParams,
     pub cols: Option<String>,
-    pub sort: Option<String>,
-    pub cursor: Option<String>,
-    pub limit: Option<usize>,
 }
 
 pub(super) async fn runs_home(
@@ -32,83 +30,54 @@ pub(super) async fn runs_of_experiment(
     Path(id): Path<String>,
     Query(mut p): Query<RunsParams>,
 ) -> PageResult {
-    if p.experiment.as_deref().unwrap_or("").is_empty() {
-        p.experiment = Some(id);
+    if p.search.value("experiment").is_empty() {
+        p.search.experiment = Some(id);
     }
     runs_table(&d, p).await
-}
-
-fn non_empty(s: &Option<String>) -> Option<&str> {
-    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
 #[tracing::instrument(skip(d))]
 pub async fn runs_table(d: &Dashboard, p: RunsParams) -> PageResult {
     let experiments = d.store.list_experiments().await?;
-    let experiment = match non_empty(&p.experiment) {
-        Some(e) => Some(d.store.get_experiment(e).await?),
-        None => None,
+    let search = &p.search;
+    let experiment = match search.value("experiment") {
+        "" => None,
+        e => Some(d.store.get_experiment(e).await?),
     };
     let filters = Filters {
         experiment: experiment
             .as_ref()
             .map(|e| e.id.clone())
             .unwrap_or_default(),
-        status: non_empty(&p.status).unwrap_or("").to_string(),
-        tag: non_empty(&p.tag).unwrap_or("").to_string(),
-        q: non_empty(&p.q).unwrap_or("").to_string(),
-        cols: non_empty(&p.cols).unwrap_or("").to_string(),
-        sort: non_empty(&p.sort).unwrap_or("").to_string(),
+        status: search.value("status").to_string(),
+        tag: search.value("tag").to_string(),
+        q: search.value("q").to_string(),
+        cols: p.cols.as_deref().map(str::trim).unwrap_or("").to_string(),
+        sort: search.value("sort").to_string(),
     };
     let mut error = None;
-    let status = match non_empty(&p.status) {
-        Some(s) => match s.parse::<RunStatus>() {
-            Ok(s) => Some(s),
-            Err(e) => {
-                error = Some(format!("status: {e}"));
-                None
-            }
-        },
-        None => None,
-    };
-    let filter = match non_empty(&p.q) {
-        Some(q) => match parse_q(q) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                error = Some(format!("q: {e}"));
-                None
-            }
-        },
-        None => None,
-    };
-    let (sort, dir) = parse_sort(&filters.sort);
-    let query = RunQuery {
-        experiment_id: experiment.as_ref().map(|e| e.id.clone()),
-        status,
-        tag: non_empty(&p.tag).map(str::to_string),
-        filter,
-        sort,
-        dir,
-        limit: p.limit.unwrap_or(50).clamp(1, 500),
-        cursor: non_empty(&p.cursor).map(str::to_string),
-    };
-    let page = if error.is_some() {
-        crate::store::RunPage {
-            runs: Vec::new(),
-            next_cursor: None,
+    let query = match search.to_query(&d.store).await {
+        Ok(query) => Some(query),
+        Err(SearchOrStoreError::Search(e)) => {
+            error = Some(e.to_string());
+            None
         }
-    } else {
-        match d.store.search_runs(&query).await {
+        Err(SearchOrStoreError::Store(e)) => return Err(e.into()),
+    };
+    let empty = || crate::store::RunPage {
+        runs: Vec::new(),
+        next_cursor: None,
+    };
+    let page = match &query {
+        None => empty(),
+        Some(query) => match d.store.search_runs(query).await {
             Ok(page) => page,
             Err(StoreError::Invalid { field, message }) => {
                 error = Some(format!("{field}: {message}"));
-                crate::store::RunPage {
-                    runs: Vec::new(),
-                    next_cursor: None,
-                }
+                empty()
             }
             Err(e) => return Err(e.into()),
-        }
+        },
     };
     let names: BTreeMap<&str, &str> = experiments
         .iter()
@@ -147,7 +116,7 @@ pub async fn runs_table(d: &Dashboard, p: RunsParams) -> PageResult {
                     filters.sort.as_str()
                 };
                 (
-                    current.trim_start_matches('-') == f,
+                    current.trim_start_matches(['-', '+']) == f,
                     current.starts_with('-'),
                 )
             }
@@ -189,7 +158,7 @@ pub async fn runs_table(d: &Dashboard, p: RunsParams) -> PageResult {
     headers.push(header("Duration".into(), None, true));
     headers.push(header("Tags".into(), None, false));
     headers.push(header("Created".into(), Some("created_at".into()), false));
-    let paged = query.cursor.is_some();
+    let paged = query.as_ref().is_some_and(|q| q.cursor.is_some());
     let view = RunsPage {
         nav: "runs",
         heading: match &experiment {

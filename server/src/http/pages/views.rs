@@ -4,11 +4,10 @@
 use crate::store::{Run, RunStatus};
 use askama::Template;
 use std::collections::{BTreeMap, BTreeSet};
+use trainer::wire::moe_keys;
 
-/// Colours for compared runs (the same palette as `static/chart.js`).
-pub const PALETTE: [&str; 8] = [
-    "#2f6fde", "#e0663a", "#2a9d63", "#9b59b6", "#d4a017", "#17a2b8", "#c0392b", "#7f8c8d",
-];
+/// Colours for compared runs: the dashboard's one palette.
+pub use crate::http::palette::PALETTE;
 
 #[derive(Template)]
 #[template(path = "error.html")]
@@ -307,23 +306,11 @@ pub fn tag_labels(tags: &BTreeMap<String, String>) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // Run page structure
 
-/// Parses `moe/layer{L}/expert{E}` into (L, E).
-pub fn expert_key(key: &str) -> Option<(u32, u32)> {
-    let rest = key.strip_prefix("moe/layer")?;
-    let (layer, rest) = rest.split_once('/')?;
-    let expert = rest.strip_prefix("expert")?;
-    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !all_digits(layer) || !all_digits(expert) {
-        return None;
-    }
-    Some((layer.parse().ok()?, expert.parse().ok()?))
-}
-
 /// Heatmap cards, one per MoE layer with expert-utilisation keys.
 pub fn heatmap_cards(keys: &[String]) -> Vec<HeatmapCard> {
     let mut layers: BTreeMap<u32, u32> = BTreeMap::new();
     for k in keys {
-        if let Some((l, e)) = expert_key(k) {
+        if let Some((l, e)) = moe_keys::parse_expert(k) {
             let n = layers.entry(l).or_insert(0);
             *n = (*n).max(e + 1);
         }
@@ -332,7 +319,7 @@ pub fn heatmap_cards(keys: &[String]) -> Vec<HeatmapCard> {
         .into_iter()
         .map(|(layer, experts)| HeatmapCard {
             layer,
-            prefix: format!("moe/layer{layer}/expert"),
+            prefix: moe_keys::expert_prefix(layer as usize),
             experts,
         })
         .collect()
@@ -344,7 +331,7 @@ pub fn heatmap_cards(keys: &[String]) -> Vec<HeatmapCard> {
 pub fn chart_groups(keys: &[String]) -> Vec<(String, Vec<String>)> {
     let mut groups: BTreeMap<(u8, String), Vec<String>> = BTreeMap::new();
     for k in keys {
-        if expert_key(k).is_some() {
+        if moe_keys::parse_expert(k).is_some() {
             continue;
         }
         let leaf = k.rsplit('/').next().unwrap_or(k).to_string();
@@ -416,7 +403,7 @@ pub fn table_columns(cols: &str, runs: &[Run]) -> (Vec<String>, Vec<String>) {
         metrics.extend(
             metric_keys
                 .iter()
-                .filter(|k| expert_key(k).is_none())
+                .filter(|k| moe_keys::parse_expert(k).is_none())
                 .take(2)
                 .map(|k| k.to_string()),
         );
@@ -433,31 +420,6 @@ pub fn table_columns(cols: &str, runs: &[Run]) -> (Vec<String>, Vec<String>) {
         }
     }
     (params, metrics)
-}
-
-/// Parses the page's `sort` value: optional `-` for descending, then `created_at`, `name`,
-/// `status`, `params.<key>` or `metrics.<key>`.
-pub fn parse_sort(sort: &str) -> (crate::store::SortKey, crate::store::SortDir) {
-    use crate::store::{SortDir, SortKey};
-    let (dir, field) = match sort.strip_prefix('-') {
-        Some(f) => (SortDir::Desc, f),
-        None if sort.is_empty() => (SortDir::Desc, "created_at"),
-        None => (SortDir::Asc, sort),
-    };
-    let key = match field {
-        "name" => SortKey::Name,
-        "status" => SortKey::Status,
-        f => {
-            if let Some(p) = f.strip_prefix("params.") {
-                SortKey::Param(p.to_string())
-            } else if let Some(m) = f.strip_prefix("metrics.") {
-                SortKey::Metric(m.to_string())
-            } else {
-                SortKey::CreatedAt
-            }
-        }
-    };
-    (key, dir)
 }
 
 /// Line numbers (1-based) of each key path in a YAML mapping document, so a validation error
@@ -514,11 +476,6 @@ pub fn annotate_yaml(yaml: &str, line: Option<usize>, message: &str) -> Vec<Anno
             message: (i + 1 == bad).then(|| message.to_string()),
         })
         .collect()
-}
-
-/// Parses the runs table's `q` with the API's query language.
-pub fn parse_q(q: &str) -> Result<crate::store::filter::Filter, String> {
-    crate::store::filter::Filter::parse(q).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -588,6 +545,6 @@ mod tests {
         );
         let heat = heatmap_cards(&keys);
         assert_eq!((heat.len(), heat[0].layer, heat[0].experts), (1, 1, 4));
-        assert_eq!(expert_key("moe/layer2/expertx"), None);
+        assert_eq!(moe_keys::parse_expert("moe/layer2/expertx"), None);
     }
 }

@@ -2,49 +2,30 @@
 //! only text pushed is fixed SQL from this file.
 
 use super::{Attribute, CmpOp, Condition, Expr, Field, LikePart, Literal, Predicate};
+use crate::store::sql::{Dialect, Sql};
 
-/// What differs between the backends.
-pub(super) trait Sink {
-    const POSTGRES: bool;
-    fn sql(&mut self, s: &str);
-    fn bind_text(&mut self, v: String);
-    fn bind_real(&mut self, v: f64);
-    fn bind_int(&mut self, v: i64);
+/// Where a filter is rendered: the statement, and the dialect it is for.
+pub(super) struct Out<'a> {
+    pub sql: &'a mut Sql,
+    pub dialect: Dialect,
 }
 
-impl Sink for sqlx::QueryBuilder<'_, sqlx::Sqlite> {
-    const POSTGRES: bool = false;
+impl Out<'_> {
     fn sql(&mut self, s: &str) {
-        self.push(s);
+        self.sql.push(s);
     }
     fn bind_text(&mut self, v: String) {
-        self.push_bind(v);
+        self.sql.arg(v);
     }
     fn bind_real(&mut self, v: f64) {
-        self.push_bind(v);
+        self.sql.arg(v);
     }
     fn bind_int(&mut self, v: i64) {
-        self.push_bind(v);
+        self.sql.arg(v);
     }
 }
 
-impl Sink for sqlx::QueryBuilder<'_, sqlx::Postgres> {
-    const POSTGRES: bool = true;
-    fn sql(&mut self, s: &str) {
-        self.push(s);
-    }
-    fn bind_text(&mut self, v: String) {
-        self.push_bind(v);
-    }
-    fn bind_real(&mut self, v: f64) {
-        self.push_bind(v);
-    }
-    fn bind_int(&mut self, v: i64) {
-        self.push_bind(v);
-    }
-}
-
-pub(super) fn push<S: Sink>(expr: &Expr, s: &mut S) {
+pub(super) fn push(expr: &Expr, s: &mut Out) {
     s.sql("(");
     match expr {
         Expr::And(a, b) => {
@@ -66,7 +47,7 @@ pub(super) fn push<S: Sink>(expr: &Expr, s: &mut S) {
     s.sql(")");
 }
 
-fn condition<S: Sink>(c: &Condition, s: &mut S) {
+fn condition(c: &Condition, s: &mut Out) {
     let (table, alias, key) = match &c.field {
         Field::Metric(k) => ("metric_series", "m", k),
         Field::Param(k) => ("run_params", "p", k),
@@ -110,7 +91,7 @@ fn numeric_literal(p: &Predicate) -> bool {
     }
 }
 
-fn attribute<S: Sink>(a: Attribute, p: &Predicate, s: &mut S) {
+fn attribute(a: Attribute, p: &Predicate, s: &mut Out) {
     let column = match a {
         Attribute::Status => "r.status",
         Attribute::Name => "r.name",
@@ -134,11 +115,11 @@ fn attribute<S: Sink>(a: Attribute, p: &Predicate, s: &mut S) {
     predicate(column, p, a.is_numeric(), s);
 }
 
-fn predicate<S: Sink>(column: &str, p: &Predicate, integer: bool, s: &mut S) {
+fn predicate(column: &str, p: &Predicate, integer: bool, s: &mut Out) {
     match p {
         Predicate::Compare { op, value } => {
             s.sql(column);
-            if S::POSTGRES && op_orders_text(*op, value) {
+            if s.dialect == Dialect::Postgres && op_orders_text(*op, value) {
                 // Code-point order, as SQLite's BINARY collation.
                 s.sql(" COLLATE \"C\"");
             }
@@ -167,7 +148,7 @@ fn predicate<S: Sink>(column: &str, p: &Predicate, integer: bool, s: &mut S) {
             if *negated {
                 s.sql(" NOT");
             }
-            if S::POSTGRES {
+            if s.dialect == Dialect::Postgres {
                 s.sql(if *case_insensitive {
                     " ILIKE "
                 } else {
@@ -193,7 +174,7 @@ fn op_orders_text(op: CmpOp, value: &Literal) -> bool {
 }
 
 /// Binds a literal; whole numbers on integer columns bind as integers (index-friendly).
-fn literal<S: Sink>(v: &Literal, integer: bool, s: &mut S) {
+fn literal(v: &Literal, integer: bool, s: &mut Out) {
     match v {
         Literal::Text(t) => s.bind_text(t.clone()),
         Literal::Number(n) => {

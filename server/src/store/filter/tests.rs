@@ -1,5 +1,6 @@
 use super::render::{postgres_like, sqlite_glob};
 use super::*;
+use crate::store::sql::{Dialect, Sql};
 
 fn cond(field: Field, predicate: Predicate) -> Expr {
     Expr::Cond(Condition { field, predicate })
@@ -362,16 +363,16 @@ fn oversized_and_overnested_filters_are_rejected() {
 fn user_values_never_reach_the_sql_text() {
     let evil = "tags.`x'; DROP TABLE runs; --` = 'y''; DELETE FROM runs; --' or name like '%''--'";
     let f = Filter::parse(evil).unwrap();
-    let mut lite = sqlx::QueryBuilder::<sqlx::Sqlite>::new("SELECT r.id FROM runs r WHERE ");
-    f.push_sqlite(&mut lite);
-    let mut pg = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT r.id FROM runs r WHERE ");
-    f.push_postgres(&mut pg);
-    for sql in [lite.sql(), pg.sql()] {
+    let mut lite = Sql::new("SELECT r.id FROM runs r WHERE ");
+    f.push(&mut lite, Dialect::Sqlite);
+    let mut pg = Sql::new("SELECT r.id FROM runs r WHERE ");
+    f.push(&mut pg, Dialect::Postgres);
+    for sql in [lite.text(), pg.text()] {
         assert!(!sql.contains("DROP") && !sql.contains("DELETE"), "{sql}");
         assert!(!sql.contains('\''), "no quoted literal may appear: {sql}");
     }
     assert_eq!(
-        pg.sql(),
+        pg.text(),
         "SELECT r.id FROM runs r WHERE ((EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.id \
          AND t.key = $1 AND t.value = $2)) OR (r.name LIKE $3))"
     );
@@ -381,22 +382,23 @@ fn user_values_never_reach_the_sql_text() {
 fn sql_uses_the_backend_specific_forms() {
     let f = Filter::parse("params.lr >= 0.1 and tags.a < 'b' and name ilike 'x' and ended_at > 5")
         .unwrap();
-    let mut lite = sqlx::QueryBuilder::<sqlx::Sqlite>::new("");
-    f.push_sqlite(&mut lite);
-    let mut pg = sqlx::QueryBuilder::<sqlx::Postgres>::new("");
-    f.push_postgres(&mut pg);
-    assert!(lite.sql().contains("p.num >= ?"), "{}", lite.sql());
-    assert!(lite.sql().contains("t.value < ?"), "{}", lite.sql());
-    assert!(lite.sql().contains("r.name GLOB ?"), "{}", lite.sql());
+    let mut lite = Sql::new("");
+    f.push(&mut lite, Dialect::Sqlite);
+    let mut pg = Sql::new("");
+    f.push(&mut pg, Dialect::Postgres);
+    // Parameters are written `$n` for both backends; the forms around them differ.
+    assert!(lite.text().contains("p.num >= $2"), "{}", lite.text());
+    assert!(lite.text().contains("t.value < $4"), "{}", lite.text());
+    assert!(lite.text().contains("r.name GLOB $5"), "{}", lite.text());
     assert!(lite
-        .sql()
-        .contains("r.ended_at IS NOT NULL AND r.ended_at > ?"));
+        .text()
+        .contains("r.ended_at IS NOT NULL AND r.ended_at > $6"));
     assert!(
-        pg.sql().contains("t.value COLLATE \"C\" < $4"),
+        pg.text().contains("t.value COLLATE \"C\" < $4"),
         "{}",
-        pg.sql()
+        pg.text()
     );
-    assert!(pg.sql().contains("r.name ILIKE $5"), "{}", pg.sql());
+    assert!(pg.text().contains("r.name ILIKE $5"), "{}", pg.text());
 }
 
 #[test]

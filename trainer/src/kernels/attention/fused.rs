@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::cpu_gemm::{gemm_into, try_for_each, SharedMut, View};
-use super::fused::{float_kernel, Real};
+use crate::kernels::gemm::{gemm_into, View};
+use crate::kernels::parallel::{for_each_block, SharedMut};
+use crate::kernels::real::{float_kernel, Real};
 
 /// cos/sin tables of rotary positions, (max_T, head_dim/2) each, row-major.
 #[derive(Debug)]
@@ -27,7 +28,7 @@ pub struct RopeTables {
 
 /// softmax(q·kᵀ·scale + causal mask)·v for every head; see the module docs.
 #[derive(Clone)]
-pub struct CausalAttention {
+struct FusedAttention {
     n_heads: usize,
     scale: f64,
     rope: Option<Arc<RopeTables>>,
@@ -132,9 +133,9 @@ fn causal_softmax_inplace<T: Real>(s: &mut [T], t: usize) {
     }
 }
 
-impl CausalAttention {
-    pub fn new(n_heads: usize, scale: f64, rope: Option<Arc<RopeTables>>) -> Self {
-        CausalAttention {
+impl FusedAttention {
+    fn new(n_heads: usize, scale: f64, rope: Option<Arc<RopeTables>>) -> Self {
+        FusedAttention {
             n_heads,
             scale,
             rope,
@@ -169,7 +170,7 @@ impl CausalAttention {
         let y_len = y.len();
         let (y_ptr, p_ptr) = (SharedMut(y.as_mut_ptr()), SharedMut(probs.as_mut_ptr()));
         let scale = T::from_f64(self.scale);
-        try_for_each(b * h, t * t * hd, |pair| {
+        for_each_block(b * h, b * h * t * t * hd, |pair| {
             let (bi, hi) = (pair / h, pair % h);
             let q_off = dims.q_off(bi, hi);
             // SAFETY: this pair's (T, T) block of the probabilities is written by it alone.
@@ -230,9 +231,9 @@ impl CausalAttention {
     }
 }
 
-impl std::fmt::Debug for CausalAttention {
+impl std::fmt::Debug for FusedAttention {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CausalAttention")
+        f.debug_struct("FusedAttention")
             .field("n_heads", &self.n_heads)
             .field("scale", &self.scale)
             .field("rope", &self.rope.is_some())
@@ -240,7 +241,7 @@ impl std::fmt::Debug for CausalAttention {
     }
 }
 
-impl CustomOp1 for CausalAttention {
+impl CustomOp1 for FusedAttention {
     fn name(&self) -> &'static str {
         "fused-attention"
     }
@@ -258,9 +259,9 @@ impl CustomOp1 for CausalAttention {
     }
 }
 
-/// The backward of `CausalAttention`: (qkv, dy) → dqkv, using the forward's probabilities.
+/// The backward of `FusedAttention`: (qkv, dy) → dqkv, using the forward's probabilities.
 struct AttentionBackward {
-    fwd: CausalAttention,
+    fwd: FusedAttention,
 }
 
 impl AttentionBackward {
@@ -280,7 +281,7 @@ impl AttentionBackward {
         let len = dqkv.len();
         let out = SharedMut(dqkv.as_mut_ptr());
         let scale = T::from_f64(self.fwd.scale);
-        try_for_each(b * h, t * t * hd, |pair| {
+        for_each_block(b * h, b * h * t * t * hd, |pair| {
             let (bi, hi) = (pair / h, pair % h);
             let q_off = dims.q_off(bi, hi);
             let p = &probs[pair * t * t..(pair + 1) * t * t];
@@ -416,13 +417,14 @@ impl CustomOp2 for AttentionBackward {
     }
 }
 
-/// Causal attention of packed qkv (B, T, 3·D) → (B, T, D); CPU, f32/f64.
-pub fn causal_attention(
+/// Causal attention of packed qkv (B, T, 3·D) → (B, T, D), `scale` applied to the scores and
+/// rotary positions to q and k when given; CPU, f32/f64.
+pub fn fused_causal_attention(
     qkv: &Tensor,
     n_heads: usize,
     scale: f64,
     rope: Option<Arc<RopeTables>>,
 ) -> Result<Tensor> {
     qkv.contiguous()?
-        .apply_op1(CausalAttention::new(n_heads, scale, rope))
+        .apply_op1(FusedAttention::new(n_heads, scale, rope))
 }

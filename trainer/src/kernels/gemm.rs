@@ -1,33 +1,12 @@
-//! Single-threaded GEMM calls on strided views, and the parallel loop that spreads them over
-//! candle's CPU thread pool: the fused attention and linear ops split work into independent
-//! blocks (heads, row ranges) and run one single-threaded GEMM per block, so every worker
-//! thread comes from one pool instead of candle's element-wise pool plus rayon's GEMM pool
-//! competing for the same cores. The LayerNorm, cross-entropy and bias-sum kernels use the
-//! same loop for their row and column blocks.
-
-use std::sync::Mutex;
+//! Single-threaded GEMMs on strided views of contiguous buffers: the AVX-512 kernel of `sgemm`
+//! for f32 where the CPU has it, the `gemm` crate otherwise. The attention and linear kernels
+//! run one of these per independent block (a head, a range of rows) on the `parallel` loop.
 
 use candle_core::{bail, Result};
 
-use super::fused::{Real, PAR_MIN_ELEMS};
+use super::real::Real;
 #[cfg(target_arch = "x86_64")]
 use super::sgemm;
-
-/// A raw pointer the worker threads write through, each to its own disjoint region.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedMut<T>(pub(crate) *mut T);
-// SAFETY: every user writes only the elements of its own block (a (batch, head) pair, a range
-// of rows or columns), so no two threads touch the same element, and the buffer outlives the
-// parallel section.
-unsafe impl<T> Send for SharedMut<T> {}
-unsafe impl<T> Sync for SharedMut<T> {}
-
-impl<T> SharedMut<T> {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not the field).
-    pub(crate) fn ptr(self) -> *mut T {
-        self.0
-    }
-}
 
 /// A strided matrix view: element (i, j) is at `off + i·rs + j·cs`.
 #[derive(Clone, Copy)]
@@ -91,7 +70,7 @@ pub(crate) fn gemm_into<T: Real>(
             cs: v.cs,
         };
         // SAFETY: AVX-512F is present; the views were checked above, T is f32, and the C
-        // region is this caller's alone (see `SharedMut`).
+        // region is this caller's alone (see `parallel::SharedMut`).
         unsafe {
             sgemm::sgemm(
                 m,
@@ -108,7 +87,8 @@ pub(crate) fn gemm_into<T: Real>(
         return Ok(());
     }
     // SAFETY: all three views were checked to lie inside their buffers; `dst` is valid for
-    // `dst_len` elements and the region written is this caller's alone (see `SharedMut`).
+    // `dst_len` elements and the region written is this caller's alone
+    // (see `parallel::SharedMut`).
     unsafe {
         gemm::gemm(
             m,
@@ -133,31 +113,4 @@ pub(crate) fn gemm_into<T: Real>(
         );
     }
     Ok(())
-}
-
-/// Runs `f(i)` for every `i < items`, on candle's pool when there is enough work (in
-/// multiply-adds or elements), stopping at the first error.
-pub(crate) fn try_for_each(
-    items: usize,
-    work_per_item: usize,
-    f: impl Fn(usize) -> Result<()> + Sync,
-) -> Result<()> {
-    if candle_core::utils::get_num_threads() <= 1 || items * work_per_item < PAR_MIN_ELEMS {
-        return (0..items).try_for_each(f);
-    }
-    let failure: Mutex<Option<candle_core::Error>> = Mutex::new(None);
-    candle_core::utils::barrier_pool().execute_chunked(items, |range| {
-        for p in range {
-            if let Err(e) = f(p) {
-                if let Ok(mut slot) = failure.lock() {
-                    slot.get_or_insert(e);
-                }
-                return;
-            }
-        }
-    });
-    match failure.into_inner() {
-        Ok(Some(e)) => Err(e),
-        _ => Ok(()),
-    }
 }

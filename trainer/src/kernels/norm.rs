@@ -1,10 +1,69 @@
-//! Fused CPU LayerNorm (forward and backward): the primitive-op version is about 9 ops forward
-//! and 25 backward over the activations, each with its own allocation.
+//! LayerNorm and RMSNorm over the last dim, written so that both have a backward (candle's
+//! fused versions have none).
+//!
+//! From primitives LayerNorm is about 9 ops forward and 25 backward over the activations, each
+//! with its own allocation; the fused CPU op is one pass each way, the backward giving dx,
+//! dweight and dbias together.
 
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
-use super::cpu_gemm::{try_for_each, SharedMut};
-use super::fused::{float_kernel, for_each_row, Real};
+use super::parallel::{for_each_block, for_each_row, SharedMut};
+use super::real::{float_kernel, Real};
+
+/// (x − mean) / √(var + eps) · weight [+ bias] over the last dim of x (.., C), statistics in
+/// f32 at least. Fused on CPU in f32 and f64 (with a bias, as GPT-2 has).
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    if let Some(bias) = bias {
+        if super::use_fused(x) {
+            return fused_layer_norm(x, weight, bias, eps);
+        }
+    }
+    normalize(x, weight, bias, |x| {
+        let mean = x.mean_keepdim(D::Minus1)?; // (.., 1)
+        let xc = x.broadcast_sub(&mean)?; // (.., C)
+        let var = xc.sqr()?.mean_keepdim(D::Minus1)?; // (.., 1)
+        xc.broadcast_div(&(var + eps)?.sqrt()?)
+    })
+}
+
+/// x / √(mean(x²) + eps) · weight over the last dim of x (.., C), statistics in f32 at least.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    normalize(x, weight, None, |x| {
+        let ms = x.sqr()?.mean_keepdim(D::Minus1)?; // (.., 1)
+        x.broadcast_div(&(ms + eps)?.sqrt()?)
+    })
+}
+
+/// `scaled(x)` computed in f32 at least, back in x's dtype, times weight, plus bias.
+fn normalize(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    scaled: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let in_dtype = x.dtype();
+    let x32 = match in_dtype {
+        DType::F64 | DType::F32 => x.clone(),
+        _ => x.to_dtype(DType::F32)?,
+    };
+    let y = scaled(&x32)?.to_dtype(in_dtype)?.broadcast_mul(weight)?;
+    match bias {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
+}
+
+/// The fused CPU path of `layer_norm`: x (.., C), weight and bias (C,).
+pub fn fused_layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    let c = x.dim(D::Minus1)?;
+    let x2 = x.reshape(((), c))?.contiguous()?; // (N, C)
+    let y = x2.apply_op3(
+        &weight.contiguous()?,
+        &bias.contiguous()?,
+        LayerNormOp { eps },
+    )?;
+    y.reshape(x.shape()) // (.., C)
+}
 
 /// (x − mean) / √(var + eps) · weight + bias over the last dim of x (N, C).
 #[derive(Debug, Clone, Copy)]
@@ -29,7 +88,7 @@ fn row_stats<T: Real>(x: &[T], eps: f64) -> (T, T) {
     (mean, rstd)
 }
 
-fn layer_norm_rows<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
+fn layer_norm_rows<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Result<Vec<T>> {
     let c = w.len();
     let mut out = vec![T::zero(); x.len()];
     for_each_row(&mut out, c, |r, y| {
@@ -38,8 +97,8 @@ fn layer_norm_rows<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
         for (((yi, &v), &wi), &bi) in y.iter_mut().zip(xr).zip(w).zip(b) {
             *yi = (v - mean) * rstd * wi + bi;
         }
-    });
-    out
+    })?;
+    Ok(out)
 }
 
 impl CustomOp3 for LayerNormOp {
@@ -65,7 +124,7 @@ impl CustomOp3 for LayerNormOp {
             );
         }
         let n = self.name();
-        let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), b = (s3, l3) => layer_norm_rows(x, w, b, self.eps));
+        let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), b = (s3, l3) => layer_norm_rows(x, w, b, self.eps)?);
         Ok((out, l1.shape().clone()))
     }
 
@@ -110,7 +169,7 @@ fn layer_norm_backward_rows<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Res
     // Per block: c values of dw, then c of db.
     let mut partial = vec![T::zero(); blocks * 2 * c];
     let (out_ptr, partial_ptr) = (SharedMut(out.as_mut_ptr()), SharedMut(partial.as_mut_ptr()));
-    try_for_each(blocks, BACKWARD_BLOCK_ROWS * c, |blk| {
+    for_each_block(blocks, blocks * BACKWARD_BLOCK_ROWS * c, |blk| {
         let (r0, r1) = (
             blk * BACKWARD_BLOCK_ROWS,
             rows.min((blk + 1) * BACKWARD_BLOCK_ROWS),
@@ -179,16 +238,4 @@ impl CustomOp3 for LayerNormBackward {
         let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), g = (s3, l3) => layer_norm_backward_rows(x, w, g, self.eps)?);
         Ok((out, Shape::from((rows + 2, c))))
     }
-}
-
-/// LayerNorm of x (.., C) with weight and bias (C,); fused forward and backward on CPU.
-pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
-    let c = x.dim(candle_core::D::Minus1)?;
-    let x2 = x.reshape(((), c))?.contiguous()?; // (N, C)
-    let y = x2.apply_op3(
-        &weight.contiguous()?,
-        &bias.contiguous()?,
-        LayerNormOp { eps },
-    )?;
-    y.reshape(x.shape()) // (.., C)
 }

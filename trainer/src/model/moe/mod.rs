@@ -6,6 +6,10 @@ use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
+mod routing;
+
+pub use routing::{route, RoutePlan};
+
 use super::{DropoutRng, Linear, Mlp};
 use crate::config::{ModelConfig, MoeConfig};
 
@@ -37,65 +41,6 @@ pub struct MoeOutput {
     pub stats: MoeLayerStats,
 }
 
-/// The integer side of routing, computed on the host from the router probabilities.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RoutePlan {
-    /// (N·k) chosen experts, token-major, best first.
-    pub choices: Vec<u32>,
-    /// Kept assignments grouped by expert: the token of each...
-    pub tokens: Vec<u32>,
-    /// ...and its flat index t·k + j into the (N, k) gate matrix.
-    pub slots: Vec<u32>,
-    /// Kept assignments per expert (lengths of the groups above).
-    pub kept: Vec<usize>,
-    /// Assignments per expert before capacity.
-    pub routed: Vec<usize>,
-    pub dropped: usize,
-}
-
-/// Top-k per token (ties to the lower expert index), then capacity in GShard priority order:
-/// every token's first choice is placed before any second choice, tokens in order.
-pub fn route(
-    probs: &[f32],
-    n: usize,
-    experts: usize,
-    k: usize,
-    capacity: Option<usize>,
-) -> RoutePlan {
-    let mut choices = Vec::with_capacity(n * k);
-    let mut order: Vec<usize> = (0..experts).collect();
-    for t in 0..n {
-        let row = &probs[t * experts..(t + 1) * experts];
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        choices.extend(order[..k].iter().map(|&e| e as u32));
-    }
-    let mut groups: Vec<Vec<(u32, u32)>> = vec![Vec::new(); experts];
-    let mut routed = vec![0usize; experts];
-    let mut dropped = 0;
-    for j in 0..k {
-        for t in 0..n {
-            let slot = t * k + j;
-            let e = choices[slot] as usize;
-            routed[e] += 1;
-            if capacity.is_none_or(|c| groups[e].len() < c) {
-                groups[e].push((t as u32, slot as u32));
-            } else {
-                dropped += 1;
-            }
-        }
-    }
-    let kept = groups.iter().map(Vec::len).collect();
-    let (tokens, slots) = groups.into_iter().flatten().unzip();
-    RoutePlan {
-        choices,
-        tokens,
-        slots,
-        kept,
-        routed,
-        dropped,
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct MoeLayer {
     router: Linear,
@@ -107,14 +52,12 @@ pub struct MoeLayer {
 
 impl MoeLayer {
     pub fn new(model: &ModelConfig, cfg: &MoeConfig, layer: usize, vb: VarBuilder) -> Result<Self> {
-        let mlp =
-            |vb: VarBuilder| Mlp::new(model.d_model, model.d_ff, model.activation, model.bias, vb);
         let router = Linear::new(model.d_model, cfg.num_experts, false, vb.pp("router"))?;
         let experts = (0..cfg.num_experts)
-            .map(|e| mlp(vb.pp("experts").pp(e)))
+            .map(|e| Mlp::new(model, vb.pp("experts").pp(e)))
             .collect::<Result<Vec<_>>>()?;
         let shared_expert = if cfg.shared_expert {
-            Some(mlp(vb.pp("shared_expert"))?)
+            Some(Mlp::new(model, vb.pp("shared_expert"))?)
         } else {
             None
         };
@@ -152,8 +95,7 @@ impl MoeLayer {
         let host: Vec<f32> = probs.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         let plan = route(&host, n, e, k, self.capacity(n));
 
-        let dev = x.device();
-        let choices = Tensor::from_vec(plan.choices.clone(), (n, k), dev)?; // (N, k)
+        let choices = Tensor::from_vec(plan.choices.clone(), (n, k), x.device())?; // (N, k)
         let top_p = probs.gather(&choices, 1)?; // (N, k)
                                                 // Top-1 keeps the raw probability (Switch), so the router still gets a gradient.
         let gates = if k > 1 {
@@ -161,34 +103,60 @@ impl MoeLayer {
         } else {
             top_p
         };
-        let mut y = xf.zeros_like()?; // (N, D)
-        if !plan.tokens.is_empty() {
-            let m = plan.tokens.len();
-            let tokens = Tensor::from_vec(plan.tokens.clone(), m, dev)?; // (M,)
-            let slots = Tensor::from_vec(plan.slots.clone(), m, dev)?; // (M,)
-            let xs = xf.index_select(&tokens, 0)?; // (M, D), grouped by expert
-            let mut outs = Vec::with_capacity(e);
-            let mut offset = 0;
-            for (expert, &count) in self.experts.iter().zip(&plan.kept) {
-                if count > 0 {
-                    outs.push(expert.forward(&xs.narrow(0, offset, count)?)?); // (count, D)
-                    offset += count;
-                }
-            }
-            let ys = Tensor::cat(&outs, 0)?; // (M, D)
-            let g = gates.flatten_all()?.index_select(&slots, 0)?.unsqueeze(1)?; // (M, 1)
-            y = y.index_add(&tokens, &ys.broadcast_mul(&g)?, 0)?; // (N, D)
-        }
+        let mut y = self.experts_forward(&xf, &gates, &plan)?; // (N, D)
         if let Some(shared) = &self.shared_expert {
             y = (y + shared.forward(&xf)?)?;
         }
+        let (aux_loss, stats) = self.router_losses(&logits, &probs, &host, &plan)?;
+        Ok(MoeOutput {
+            y: y.reshape(dims)?,
+            aux_loss,
+            stats,
+        })
+    }
 
+    /// Σ over each token's kept assignments of gate · expert(x): every expert runs once on its
+    /// kept tokens, grouped by `plan`. xf (N, D), gates (N, k) → (N, D).
+    fn experts_forward(&self, xf: &Tensor, gates: &Tensor, plan: &RoutePlan) -> Result<Tensor> {
+        let y = xf.zeros_like()?; // (N, D)
+        if plan.tokens.is_empty() {
+            return Ok(y);
+        }
+        let (m, dev) = (plan.tokens.len(), xf.device());
+        let tokens = Tensor::from_vec(plan.tokens.clone(), m, dev)?; // (M,)
+        let slots = Tensor::from_vec(plan.slots.clone(), m, dev)?; // (M,)
+        let xs = xf.index_select(&tokens, 0)?; // (M, D), grouped by expert
+        let mut outs = Vec::with_capacity(self.experts.len());
+        let mut offset = 0;
+        for (expert, &count) in self.experts.iter().zip(&plan.kept) {
+            if count > 0 {
+                outs.push(expert.forward(&xs.narrow(0, offset, count)?)?); // (count, D)
+                offset += count;
+            }
+        }
+        let ys = Tensor::cat(&outs, 0)?; // (M, D)
+        let g = gates.flatten_all()?.index_select(&slots, 0)?.unsqueeze(1)?; // (M, 1)
+        y.index_add(&tokens, &ys.broadcast_mul(&g)?, 0) // (N, D)
+    }
+
+    /// The weighted load-balancing and z losses (differentiable, scalar) and the layer's stats,
+    /// from the router logits and probabilities (N, E), the same probabilities on the host and
+    /// the routing plan.
+    fn router_losses(
+        &self,
+        logits: &Tensor,
+        probs: &Tensor,
+        host: &[f32],
+        plan: &RoutePlan,
+    ) -> Result<(Tensor, MoeLayerStats)> {
+        let (n, e) = probs.dims2()?;
         // Load balancing: f (assignment fractions, constant) · P (mean router probability).
-        let total = (n * k) as f32;
+        let total = (n * self.cfg.top_k) as f32;
         let frac: Vec<f32> = plan.routed.iter().map(|&c| c as f32 / total).collect();
-        let f = Tensor::from_vec(frac.clone(), e, dev)?.to_dtype(probs.dtype())?; // (E,)
+        let f = Tensor::from_vec(frac.clone(), e, probs.device())?.to_dtype(probs.dtype())?; // (E,)
         let p_mean = probs.mean(0)?; // (E,)
         let aux = ((p_mean * f)?.sum_all()? * e as f64)?;
+        // z-loss: mean squared logsumexp of the router logits.
         let max = logits.max_keepdim(1)?.detach(); // (N, 1)
         let lse = logits
             .broadcast_sub(&max)?
@@ -217,10 +185,6 @@ impl MoeLayer {
             aux_loss: aux.to_dtype(DType::F32)?.to_scalar::<f32>()?,
             z_loss: z.to_dtype(DType::F32)?.to_scalar::<f32>()?,
         };
-        Ok(MoeOutput {
-            y: y.reshape(dims)?,
-            aux_loss: weighted,
-            stats,
-        })
+        Ok((weighted, stats))
     }
 }

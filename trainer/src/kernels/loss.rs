@@ -1,11 +1,45 @@
-//! Fused CPU cross-entropy: per-row log-softmax + negative log-likelihood in one pass, and its
-//! backward (softmax − one-hot, times the row's gradient) in another, instead of ~8 ops forward
-//! and ~15 backward over the (N, V) logits.
+//! Mean next-token cross-entropy of logits against target ids.
+//!
+//! From candle primitives it is a log-softmax, a gather and a mean: ~8 ops forward and ~15
+//! backward over the (N, V) logits. The fused CPU op computes each row's log-softmax and
+//! negative log-likelihood in one pass, and its backward (softmax − one-hot, times the row's
+//! gradient) in another, in parallel blocks of rows.
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{
+    bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
+};
 
-use super::cpu_gemm::{try_for_each, SharedMut};
-use super::fused::{float_kernel, slice, Real};
+use super::parallel::for_each_chunk;
+use super::real::{float_kernel, slice, Real};
+
+/// Mean next-token cross-entropy. `logits` (.., V) float, `targets` (..) u32 with the same
+/// leading dims. Computed in f32 at least, whatever the logits' dtype: fused on CPU, elsewhere a
+/// log-softmax from differentiable primitives, shifted by the (constant) row max for stability.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let v = logits.dim(D::Minus1)?;
+    let logits = match logits.dtype() {
+        DType::F64 | DType::F32 => logits.clone(),
+        _ => logits.to_dtype(DType::F32)?,
+    };
+    let logits = logits.reshape(((), v))?; // (N, V)
+    if super::use_fused(&logits) && targets.dtype() == DType::U32 {
+        return fused_cross_entropy(&logits, &targets.flatten_all()?);
+    }
+    let targets = targets.flatten_all()?.unsqueeze(1)?; // (N, 1)
+    let max = logits.max_keepdim(1)?.detach(); // (N, 1)
+    let z = logits.broadcast_sub(&max)?; // (N, V)
+    let lse = z.exp()?.sum_keepdim(1)?.log()?; // (N, 1)
+    let picked = z.gather(&targets, 1)?; // (N, 1)
+    (lse - picked)?.mean_all()
+}
+
+/// The fused CPU path of `cross_entropy`: logits (N, V) in f32 or f64, targets (N,) u32.
+pub fn fused_cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let losses = logits
+        .contiguous()?
+        .apply_op2(&targets.contiguous()?, CrossEntropyRows)?; // (N,)
+    losses.mean_all()
+}
 
 /// (N, V) logits, (N,) u32 targets → (N,) losses logsumexp(row) − row[target].
 #[derive(Debug, Clone, Copy)]
@@ -40,16 +74,16 @@ const BLOCK_ROWS: usize = 64;
 fn ce_rows<T: Real>(x: &[T], targets: &[u32], v: usize) -> Result<Vec<T>> {
     let n = targets.len();
     let mut out = vec![T::zero(); n];
-    let out_ptr = SharedMut(out.as_mut_ptr());
-    try_for_each(n.div_ceil(BLOCK_ROWS), BLOCK_ROWS * v, |blk| {
+    let work = n.div_ceil(BLOCK_ROWS) * BLOCK_ROWS * v;
+    for_each_chunk(&mut out, BLOCK_ROWS, work, |blk, losses| {
         let mut scratch = vec![T::zero(); v];
-        for r in blk * BLOCK_ROWS..n.min((blk + 1) * BLOCK_ROWS) {
+        for (i, loss) in losses.iter_mut().enumerate() {
+            let r = blk * BLOCK_ROWS + i;
             let row = &x[r * v..(r + 1) * v];
             let t = check_target(targets[r], v)?;
             let (max, sum) = max_and_exp_sum(row, &mut scratch);
             let lse = T::from_f64(sum.to_f64().ln());
-            // SAFETY: row r's loss is written by its block alone.
-            unsafe { *out_ptr.ptr().add(r) = lse - (row[t] - max) };
+            *loss = lse - (row[t] - max);
         }
         Ok(())
     })?;
@@ -105,12 +139,11 @@ struct CrossEntropyBackward;
 fn ce_backward_rows<T: Real>(x: &[T], targets: &[u32], g: &[T], v: usize) -> Result<Vec<T>> {
     let n = targets.len();
     let mut out = vec![T::zero(); x.len()];
-    let out_ptr = SharedMut(out.as_mut_ptr());
-    try_for_each(n.div_ceil(BLOCK_ROWS), BLOCK_ROWS * v, |blk| {
-        for r in blk * BLOCK_ROWS..n.min((blk + 1) * BLOCK_ROWS) {
+    let work = n.div_ceil(BLOCK_ROWS) * BLOCK_ROWS * v;
+    for_each_chunk(&mut out, BLOCK_ROWS * v, work, |blk, rows| {
+        for (i, d) in rows.chunks_mut(v).enumerate() {
+            let r = blk * BLOCK_ROWS + i;
             let t = check_target(targets[r], v)?;
-            // SAFETY: row r of the gradient is written by its block alone.
-            let d = unsafe { std::slice::from_raw_parts_mut(out_ptr.ptr().add(r * v), v) };
             // d holds exp(x − max) after this; softmax = that / its sum.
             let (_, sum) = max_and_exp_sum(&x[r * v..(r + 1) * v], d);
             let scale = g[r] / sum;
@@ -155,12 +188,4 @@ impl CustomOp3 for CrossEntropyBackward {
         let out = float_kernel!(name; x = (s1, l1), g = (s3, l3) => ce_backward_rows(x, t, g, v)?);
         Ok((out, l1.shape().clone()))
     }
-}
-
-/// Mean cross-entropy of logits (N, V) against u32 targets (N,); fused on CPU.
-pub fn cross_entropy_mean(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let losses = logits
-        .contiguous()?
-        .apply_op2(&targets.contiguous()?, CrossEntropyRows)?; // (N,)
-    losses.mean_all()
 }

@@ -1,16 +1,48 @@
-//! Fused CPU linear layer, y = x·Wᵀ + b, with its own backward.
+//! The linear layer, y = x·Wᵀ + b, with W (out, in) in PyTorch's layout.
 //!
 //! From candle primitives a linear layer is a transposed view of W, a matmul, a bias add and,
 //! in the backward, a transposed weight gradient that candle accumulates into W's gradient with
-//! a strided add; each edge also costs a zeroed buffer and an add. Here the forward is one GEMM
-//! that starts from the bias, and the backward is two GEMMs on strided views (dx = g·W,
-//! dW = gᵀ·x) plus a row sum for the bias. Rows are split across candle's thread pool, one block
-//! per thread, with single-threaded GEMMs inside (see `cpu_gemm`).
+//! a strided add; each edge also costs a zeroed buffer and an add. The fused CPU op's forward
+//! is one GEMM that starts from the bias, and its backward two GEMMs on strided views
+//! (dx = g·W, dW = gᵀ·x) plus a row sum for the bias. Rows are split into about one block per
+//! thread, with a single-threaded GEMM inside each (see `gemm`).
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
-use super::cpu_gemm::{gemm_into, try_for_each, SharedMut, View};
-use super::fused::{float_kernel, sum_rows_op, Real};
+use super::bias::{add_bias, sum_rows};
+use super::gemm::{gemm_into, View};
+use super::parallel::{for_each_block, SharedMut};
+use super::real::{float_kernel, Real};
+
+/// x (.., in) · weight (out, in)ᵀ [+ bias (out,)] → (.., out), as one (N, in) product over the
+/// flattened leading dims. Fused on CPU in f32 and f64; inside a reduced-precision autocast
+/// scope, or on other devices, a matmul in the scope's precision plus `add_bias`.
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let mut shape = x.dims().to_vec();
+    let in_dim = shape.pop().unwrap_or(1);
+    shape.push(weight.dim(0)?);
+    let x2 = x.reshape(((), in_dim))?; // (N, in)
+    let y = if super::use_fused(&x2) && !super::autocast::is_active() {
+        fused_linear(&x2, weight, bias)? // (N, out)
+    } else {
+        let y = super::autocast::matmul(&x2, &weight.t()?)?; // (N, out)
+        match bias {
+            Some(b) => add_bias(&y, b)?,
+            None => y,
+        }
+    };
+    y.reshape(shape) // (.., out)
+}
+
+/// The fused CPU path of `linear` for x (N, in): fused forward and backward.
+pub fn fused_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let weight = weight.contiguous()?;
+    match bias {
+        Some(b) => x.apply_op3(&weight, &b.contiguous()?, LinearBias),
+        None => x.apply_op2(&weight, LinearNoBias),
+    }
+}
 
 /// Splits `rows` into about one block per thread (at least 16 rows each) and runs
 /// `f(first_row, end_row)` for each, in parallel when there is enough work.
@@ -21,7 +53,7 @@ fn for_each_row_block(
 ) -> Result<()> {
     let threads = candle_core::utils::get_num_threads().max(1);
     let blocks = threads.min(rows / 16).max(1);
-    try_for_each(blocks, rows / blocks * work_per_row, |i| {
+    for_each_block(blocks, blocks * (rows / blocks * work_per_row), |i| {
         f(i * rows / blocks, (i + 1) * rows / blocks)
     })
 }
@@ -152,7 +184,7 @@ impl CustomOp3 for LinearBias {
         let g = grad.contiguous()?; // (n, out)
         let dx = g.apply_op2_no_bwd(w, &GradInput)?;
         let dw = g.apply_op2_no_bwd(x, &GradWeight)?;
-        let db = sum_rows_op(&g)?;
+        let db = sum_rows(&g)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
 }
@@ -248,15 +280,5 @@ impl CustomOp2 for GradWeight {
         let out =
             float_kernel!(name; g = (s1, l1), x = (s2, l2) => grad_weight(g, x, (n, d_in, d_out))?);
         Ok((out, Shape::from((d_out, d_in))))
-    }
-}
-
-/// x (N, in) · weight (out, in)ᵀ [+ bias (out,)] → (N, out); fused forward and backward on CPU.
-pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let x = x.contiguous()?;
-    let weight = weight.contiguous()?;
-    match bias {
-        Some(b) => x.apply_op3(&weight, &b.contiguous()?, LinearBias),
-        None => x.apply_op2(&weight, LinearNoBias),
     }
 }

@@ -1,0 +1,429 @@
+//! Experiments, runs (tags, params, status events) and the run search.
+
+use std::collections::BTreeMap;
+
+use super::SqlStore;
+use crate::store::common::{self, Details, RunRow, RUN_COLUMNS};
+use crate::store::search::{self, SortValues};
+use crate::store::sql::{Conn, Row, Sql};
+use crate::store::{
+    flatten_params, now_ms, ExitInfo, Experiment, NewRun, Run, RunEvent, RunPage, RunQuery,
+    RunStatus, RunUpdate, StoreError, StoreResult,
+};
+
+/// Rows per multi-row INSERT (4 parameters each, well under either database's limit).
+const CHUNK: usize = 500;
+
+const EXPERIMENT_COLUMNS: &str = "id, name, created_at";
+const EVENT_COLUMNS: &str = "seq, run_id, time, from_status, to_status, reason";
+
+fn experiment(row: &Row) -> Result<Experiment, sqlx::Error> {
+    Ok(Experiment {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        created_at: row.get(2)?,
+    })
+}
+
+fn event(row: &Row) -> StoreResult<RunEvent> {
+    let from: Option<String> = row.get(3)?;
+    let to: String = row.get(4)?;
+    Ok(RunEvent {
+        seq: row.get(0)?,
+        run_id: row.get(1)?,
+        time: row.get(2)?,
+        from_status: from.as_deref().map(common::parse_status).transpose()?,
+        to_status: common::parse_status(&to)?,
+        reason: row.get(5)?,
+    })
+}
+
+fn run_rows(rows: &[Row]) -> Result<Vec<RunRow>, sqlx::Error> {
+    rows.iter().map(RunRow::from_row).collect()
+}
+
+/// Appends a flattened config as write-once params.
+async fn insert_params(tx: &mut Conn, run_id: &str, config: &serde_json::Value) -> StoreResult<()> {
+    let params: Vec<_> = flatten_params(config).into_iter().collect();
+    for chunk in params.chunks(CHUNK) {
+        let mut insert = Sql::new("INSERT INTO run_params (run_id, key, value, num) VALUES ");
+        for (i, (k, v)) in chunk.iter().enumerate() {
+            if i > 0 {
+                insert.push(", ");
+            }
+            insert
+                .push("(")
+                .arg(run_id)
+                .push(", ")
+                .arg(k)
+                .push(", ")
+                .arg(v);
+            insert.push(", ").arg(common::param_num(v)).push(")");
+        }
+        tx.execute(insert).await?;
+    }
+    Ok(())
+}
+
+/// Sets tags, replacing the values of keys the run already has.
+async fn upsert_tags(
+    tx: &mut Conn,
+    run_id: &str,
+    tags: &BTreeMap<String, String>,
+) -> StoreResult<()> {
+    let tags: Vec<_> = tags.iter().collect();
+    for chunk in tags.chunks(CHUNK) {
+        let mut upsert = Sql::new("INSERT INTO run_tags (run_id, key, value) VALUES ");
+        for (i, (k, v)) in chunk.iter().enumerate() {
+            if i > 0 {
+                upsert.push(", ");
+            }
+            upsert.tuple([run_id, k.as_str(), v.as_str()]);
+        }
+        upsert.push(" ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value");
+        tx.execute(upsert).await?;
+    }
+    Ok(())
+}
+
+async fn insert_event(
+    tx: &mut Conn,
+    run_id: &str,
+    time: i64,
+    from: Option<RunStatus>,
+    to: RunStatus,
+    reason: Option<&str>,
+) -> StoreResult<RunEvent> {
+    let insert = Sql::new(format!(
+        "INSERT INTO run_events (run_id, time, from_status, to_status, reason) \
+         VALUES ($1, $2, $3, $4, $5) RETURNING {EVENT_COLUMNS}"
+    ));
+    let row = tx
+        .fetch_one(
+            insert
+                .bind(run_id)
+                .bind(time)
+                .bind(from.map(|s| s.as_str()))
+                .bind(to.as_str())
+                .bind(reason),
+        )
+        .await?;
+    event(&row)
+}
+
+/// Tags, params and latest metrics of a set of runs.
+async fn details(conn: &mut Conn, ids: &[String]) -> StoreResult<Details> {
+    let mut d = Details::default();
+    if ids.is_empty() {
+        return Ok(d);
+    }
+    for (table, out) in [("run_tags", &mut d.tags), ("run_params", &mut d.params)] {
+        let mut select = Sql::new(format!(
+            "SELECT run_id, key, value FROM {table} WHERE run_id IN "
+        ));
+        select.tuple(ids);
+        for row in conn.fetch_all(select).await? {
+            out.push((row.get(0)?, row.get(1)?, row.get(2)?));
+        }
+    }
+    let mut select = Sql::new(
+        "SELECT run_id, key, last_step, last_value, last_time FROM metric_series \
+         WHERE count > 0 AND run_id IN ",
+    );
+    select.tuple(ids);
+    for row in conn.fetch_all(select).await? {
+        d.metrics.push((
+            row.get(0)?,
+            row.get(1)?,
+            row.get(2)?,
+            row.get(3)?,
+            row.get(4)?,
+        ));
+    }
+    Ok(d)
+}
+
+/// Runs with their tags, params and latest metrics.
+async fn load_runs(conn: &mut Conn, rows: Vec<RunRow>) -> StoreResult<Vec<Run>> {
+    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    let details = details(conn, &ids).await?;
+    common::assemble_runs(rows, details)
+}
+
+impl SqlStore {
+    pub(super) async fn run_exists(&self, conn: &mut Conn, id: &str) -> StoreResult<()> {
+        conn.fetch_optional(Sql::new("SELECT 1 FROM runs WHERE id = $1").bind(id))
+            .await?
+            .map(|_| ())
+            .ok_or_else(|| common::not_found_run(id))
+    }
+
+    async fn experiment_by(&self, column: &str, value: &str) -> StoreResult<Option<Experiment>> {
+        let select = Sql::new(format!(
+            "SELECT {EXPERIMENT_COLUMNS} FROM experiments WHERE {column} = $1"
+        ));
+        let row = self
+            .reader()
+            .await?
+            .fetch_optional(select.bind(value))
+            .await?;
+        Ok(row.as_ref().map(experiment).transpose()?)
+    }
+
+    pub(super) async fn insert_experiment(&self, name: &str) -> StoreResult<Experiment> {
+        let name = common::valid_name("name", name)?;
+        let mut tx = self.begin_write().await?;
+        let insert = Sql::new(format!(
+            "INSERT INTO experiments (id, name, created_at) VALUES ($1, $2, $3) \
+             RETURNING {EXPERIMENT_COLUMNS}"
+        ));
+        let result = tx
+            .fetch_one(insert.bind(common::new_id()).bind(name).bind(now_ms()))
+            .await
+            .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")))
+            .and_then(|row| Ok(experiment(&row)?));
+        tx.finish(result).await
+    }
+
+    pub(super) async fn find_experiment(&self, id_or_name: &str) -> StoreResult<Experiment> {
+        if let Some(e) = self.experiment_by("id", id_or_name).await? {
+            return Ok(e);
+        }
+        self.experiment_by("name", id_or_name)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                entity: "experiment",
+                id: id_or_name.to_string(),
+            })
+    }
+
+    pub(super) async fn find_or_create_experiment(
+        &self,
+        id_or_name: &str,
+    ) -> StoreResult<Experiment> {
+        match self.find_experiment(id_or_name).await {
+            Err(StoreError::NotFound { .. }) => {}
+            other => return other,
+        }
+        let name = common::valid_name("experiment", id_or_name)?;
+        let mut tx = self.begin_write().await?;
+        let insert = Sql::new(
+            "INSERT INTO experiments (id, name, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO NOTHING",
+        );
+        let result = tx
+            .execute(insert.bind(common::new_id()).bind(name).bind(now_ms()))
+            .await
+            .map_err(StoreError::from);
+        tx.finish(result).await?;
+        self.find_experiment(name).await
+    }
+
+    pub(super) async fn all_experiments(&self) -> StoreResult<Vec<Experiment>> {
+        let select = Sql::new(format!(
+            "SELECT {EXPERIMENT_COLUMNS} FROM experiments ORDER BY created_at, id"
+        ));
+        let rows = self.reader().await?.fetch_all(select).await?;
+        Ok(rows.iter().map(experiment).collect::<Result<_, _>>()?)
+    }
+
+    pub(super) async fn insert_run(&self, new: NewRun) -> StoreResult<Run> {
+        let id = common::new_id();
+        let name = match &new.name {
+            Some(n) => common::valid_name("name", n)?.to_string(),
+            None => format!("run-{}", &id[..8]),
+        };
+        common::check_run_text(Some(&new.tags), None, new.config.as_ref())?;
+        let status = new.status.unwrap_or(RunStatus::Created);
+        let now = now_ms();
+        let mut tx = self.begin_write().await?;
+        let result = async {
+            let exists = Sql::new("SELECT 1 FROM experiments WHERE id = $1");
+            if tx
+                .fetch_optional(exists.bind(&new.experiment_id))
+                .await?
+                .is_none()
+            {
+                return Err(StoreError::NotFound {
+                    entity: "experiment",
+                    id: new.experiment_id.clone(),
+                });
+            }
+            let insert = Sql::new(
+                "INSERT INTO runs (id, experiment_id, name, status, created_at, config) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            );
+            tx.execute(
+                insert
+                    .bind(&id)
+                    .bind(&new.experiment_id)
+                    .bind(&name)
+                    .bind(status.as_str())
+                    .bind(now)
+                    .bind(new.config.as_ref().map(|c| c.to_string())),
+            )
+            .await
+            .map_err(|e| common::map_constraint(e, "run", "run"))?;
+            if let Some(c) = &new.config {
+                insert_params(&mut tx, &id, c).await?;
+            }
+            upsert_tags(&mut tx, &id, &new.tags).await?;
+            insert_event(&mut tx, &id, now, None, status, Some("created")).await?;
+            Ok(())
+        }
+        .await;
+        tx.finish(result).await?;
+        self.find_run(&id).await
+    }
+
+    pub(super) async fn find_run(&self, id: &str) -> StoreResult<Run> {
+        let mut conn = self.reader().await?;
+        let select = Sql::new(format!("SELECT {RUN_COLUMNS} FROM runs r WHERE r.id = $1"));
+        let row = conn
+            .fetch_optional(select.bind(id))
+            .await?
+            .ok_or_else(|| common::not_found_run(id))?;
+        load_runs(&mut conn, vec![RunRow::from_row(&row)?])
+            .await?
+            .pop()
+            .ok_or_else(|| common::not_found_run(id))
+    }
+
+    pub(super) async fn change_run(&self, id: &str, update: RunUpdate) -> StoreResult<Run> {
+        common::check_run_text(
+            update.tags.as_ref(),
+            update.notes.as_deref(),
+            update.config.as_ref(),
+        )?;
+        let lock = self.dialect().for_update();
+        let mut tx = self.begin_write().await?;
+        let result = async {
+            let select = Sql::new(format!("SELECT config FROM runs WHERE id = $1{lock}"));
+            let stored: Option<String> = tx
+                .fetch_optional(select.bind(id))
+                .await?
+                .ok_or_else(|| common::not_found_run(id))?
+                .get(0)?;
+            if let Some(name) = &update.name {
+                let name = common::valid_name("name", name)?;
+                let set = Sql::new("UPDATE runs SET name = $1 WHERE id = $2");
+                tx.execute(set.bind(name).bind(id)).await?;
+            }
+            if let Some(notes) = &update.notes {
+                let set = Sql::new("UPDATE runs SET notes = $1 WHERE id = $2");
+                tx.execute(set.bind(notes).bind(id)).await?;
+            }
+            if let Some(tags) = &update.tags {
+                upsert_tags(&mut tx, id, tags).await?;
+            }
+            if let Some(config) = &update.config {
+                if common::config_is_new(stored.as_deref(), config)? {
+                    let set = Sql::new("UPDATE runs SET config = $1 WHERE id = $2");
+                    tx.execute(set.bind(config.to_string()).bind(id)).await?;
+                    insert_params(&mut tx, id, config).await?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        tx.finish(result).await?;
+        self.find_run(id).await
+    }
+
+    pub(super) async fn change_status(
+        &self,
+        id: &str,
+        status: RunStatus,
+        reason: Option<&str>,
+        exit: Option<ExitInfo>,
+    ) -> StoreResult<RunEvent> {
+        let now = now_ms();
+        let lock = self.dialect().for_update();
+        let mut tx = self.begin_write().await?;
+        let result = async {
+            let select = Sql::new(format!("SELECT status FROM runs WHERE id = $1{lock}"));
+            let from: String = tx
+                .fetch_optional(select.bind(id))
+                .await?
+                .ok_or_else(|| common::not_found_run(id))?
+                .get(0)?;
+            let from = common::parse_status(&from)?;
+            let set = Sql::new(
+                "UPDATE runs SET status = $1, \
+                 started_at = CASE WHEN $2 AND started_at IS NULL THEN $3 ELSE started_at END, \
+                 ended_at = CASE WHEN $4 THEN $3 ELSE ended_at END WHERE id = $5",
+            );
+            tx.execute(
+                set.bind(status.as_str())
+                    .bind(status == RunStatus::Running)
+                    .bind(now)
+                    .bind(status.is_terminal())
+                    .bind(id),
+            )
+            .await?;
+            if let Some(exit) = &exit {
+                let set = Sql::new(
+                    "UPDATE runs SET exit_code = $1, exit_signal = $2, exit_message = $3 \
+                     WHERE id = $4",
+                );
+                tx.execute(
+                    set.bind(exit.exit_code)
+                        .bind(exit.signal)
+                        .bind(exit.message.as_deref())
+                        .bind(id),
+                )
+                .await?;
+            }
+            insert_event(&mut tx, id, now, Some(from), status, reason).await
+        }
+        .await;
+        tx.finish(result).await
+    }
+
+    pub(super) async fn search(&self, query: &RunQuery) -> StoreResult<RunPage> {
+        let mut select = Sql::default();
+        search::build_search(query, self.dialect(), &mut select)?;
+        let mut conn = self.reader().await?;
+        let rows = conn.fetch_all(select).await?;
+        let mut runs = run_rows(&rows)?;
+        let sorts = rows
+            .iter()
+            .map(|row| SortValues::from_row(row, &query.sort))
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = search::finish_page(query, &mut runs, &sorts);
+        Ok(RunPage {
+            runs: load_runs(&mut conn, runs).await?,
+            next_cursor,
+        })
+    }
+
+    pub(super) async fn events_of(
+        &self,
+        run_id: &str,
+        after_seq: Option<i64>,
+    ) -> StoreResult<Vec<RunEvent>> {
+        let mut conn = self.reader().await?;
+        self.run_exists(&mut conn, run_id).await?;
+        let select = Sql::new(format!(
+            "SELECT {EVENT_COLUMNS} FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq"
+        ));
+        let rows = conn
+            .fetch_all(select.bind(run_id).bind(after_seq.unwrap_or(0)))
+            .await?;
+        rows.iter().map(event).collect()
+    }
+
+    pub(super) async fn runs_in(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
+        if statuses.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut select = Sql::new(format!(
+            "SELECT {RUN_COLUMNS} FROM runs r WHERE r.status IN "
+        ));
+        select.tuple(statuses.iter().map(|s| s.as_str()));
+        select.push(" ORDER BY r.created_at, r.id");
+        let mut conn = self.reader().await?;
+        let rows = conn.fetch_all(select).await?;
+        load_runs(&mut conn, run_rows(&rows)?).await
+    }
+}

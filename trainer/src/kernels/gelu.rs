@@ -1,0 +1,92 @@
+//! GELU, tanh approximation (GPT-2): 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³))).
+//!
+//! candle's `gelu` is the same formula from primitives, about 12 ops in its backward. The fused
+//! CPU op is one pass each way; its backward uses 0.5 · (1 + tanh u) = sigmoid(2u), so one `exp`
+//! per element (`simd` vectorises it in f32).
+
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+
+use super::parallel::for_each_row;
+use super::real::{float_kernel, Real};
+
+/// tanh-GELU, element-wise; fused on CPU in f32 and f64, candle's `gelu` elsewhere.
+pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    if super::use_fused(x) {
+        fused_gelu_tanh(x)
+    } else {
+        x.gelu()
+    }
+}
+
+/// The fused CPU path of `gelu_tanh`.
+pub fn fused_gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(GeluTanh)
+}
+
+/// 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³))).
+#[derive(Debug, Clone, Copy)]
+struct GeluTanh;
+
+fn gelu_rows<T: Real>(x: &[T]) -> Result<Vec<T>> {
+    let mut out = vec![T::zero(); x.len()];
+    let cols = 1024.min(x.len().max(1));
+    for_each_row(&mut out, cols, |r, y| {
+        T::gelu_slice(&x[r * cols..r * cols + y.len()], y);
+    })?;
+    Ok(out)
+}
+
+impl CustomOp1 for GeluTanh {
+    fn name(&self) -> &'static str {
+        "gelu-tanh"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let out = float_kernel!(self.name(); v = (storage, layout) => gelu_rows(v)?);
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let g = grad_res.contiguous()?;
+        Ok(Some(arg.contiguous()?.apply_op2_no_bwd(&g, &GeluBackward)?))
+    }
+}
+
+/// dx = g · d/dx gelu(x).
+#[derive(Debug, Clone, Copy)]
+struct GeluBackward;
+
+fn gelu_backward_rows<T: Real>(x: &[T], g: &[T]) -> Result<Vec<T>> {
+    let mut out = vec![T::zero(); x.len()];
+    let cols = 1024.min(x.len().max(1));
+    for_each_row(&mut out, cols, |r, dx| {
+        let start = r * cols;
+        T::gelu_backward_slice(&x[start..start + dx.len()], &g[start..start + dx.len()], dx);
+    })?;
+    Ok(out)
+}
+
+impl CustomOp2 for GeluBackward {
+    fn name(&self) -> &'static str {
+        "gelu-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        if l1.shape() != l2.shape() {
+            bail!(
+                "gelu-backward: shapes differ: {:?} vs {:?}",
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        let n = self.name();
+        let out = float_kernel!(n; x = (s1, l1), g = (s2, l2) => gelu_backward_rows(x, g)?);
+        Ok((out, l1.shape().clone()))
+    }
+}

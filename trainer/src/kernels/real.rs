@@ -1,0 +1,97 @@
+//! The element types of the fused kernels, and the glue from candle's CPU storage to them.
+//!
+//! Every kernel is written once for any `T: Real`; f32 runs the vectorised code of `simd`,
+//! f64 (used by the finite-difference gradient checks) plain scalar code with libm.
+
+use candle_core::{bail, Layout, Result, WithDType};
+
+/// The float types the kernels support.
+pub(crate) trait Real: WithDType {
+    /// xs ← e^xs.
+    fn exp_slice(xs: &mut [Self]);
+    /// Σ xs.
+    fn sum_slice(xs: &[Self]) -> Self;
+    /// Σ a⊙b.
+    fn dot_slice(a: &[Self], b: &[Self]) -> Self;
+    /// y ← tanh-GELU(x).
+    fn gelu_slice(x: &[Self], y: &mut [Self]);
+    /// dx ← g · gelu'(x).
+    fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]);
+}
+
+impl Real for f32 {
+    fn exp_slice(xs: &mut [Self]) {
+        super::simd::exp_inplace(xs)
+    }
+    fn sum_slice(xs: &[Self]) -> Self {
+        super::simd::sum(xs)
+    }
+    fn dot_slice(a: &[Self], b: &[Self]) -> Self {
+        super::simd::dot(a, b)
+    }
+    fn gelu_slice(x: &[Self], y: &mut [Self]) {
+        super::simd::gelu(x, y)
+    }
+    fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]) {
+        super::simd::gelu_backward(x, g, dx)
+    }
+}
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const GELU_C: f64 = 0.044_715;
+
+impl Real for f64 {
+    fn exp_slice(xs: &mut [Self]) {
+        for v in xs {
+            *v = v.exp();
+        }
+    }
+    fn sum_slice(xs: &[Self]) -> Self {
+        xs.iter().sum()
+    }
+    fn dot_slice(a: &[Self], b: &[Self]) -> Self {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+    fn gelu_slice(x: &[Self], y: &mut [Self]) {
+        for (yi, &v) in y.iter_mut().zip(x) {
+            *yi = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + GELU_C * v * v * v)).tanh());
+        }
+    }
+    fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]) {
+        for ((d, &v), &gv) in dx.iter_mut().zip(x).zip(g) {
+            // gelu(x) = x·s with s = 0.5·(1 + tanh(u)) = sigmoid(2u), u = k(x + c x³), so
+            // ds/dx = 2 s (1 − s) du/dx.
+            let s = 1.0 / (1.0 + (-2.0 * SQRT_2_OVER_PI * (v + GELU_C * v * v * v)).exp());
+            let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * v * v);
+            *d = gv * (s + v * 2.0 * s * (1.0 - s) * du);
+        }
+    }
+}
+
+/// The contiguous data of a CPU tensor argument.
+pub(crate) fn slice<'a, T>(data: &'a [T], layout: &Layout, op: &str) -> Result<&'a [T]> {
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => bail!("{op}: input must be contiguous"),
+    }
+}
+
+/// The f32 and f64 arms of a fused op's `cpu_fwd`: each `name = (storage, layout)` argument is
+/// bound to its contiguous slice, and `body`, written once for any `T: Real`, makes the output.
+/// Any other dtype, or mixed dtypes, is an error naming the op.
+macro_rules! float_kernel {
+    ($op:expr; $($v:ident = ($s:expr, $l:expr)),+ => $body:expr) => {
+        match ($($s,)+) {
+            ($(candle_core::CpuStorage::F32($v),)+) => {
+                $(let $v = $crate::kernels::real::slice($v, $l, $op)?;)+
+                candle_core::CpuStorage::F32($body)
+            }
+            ($(candle_core::CpuStorage::F64($v),)+) => {
+                $(let $v = $crate::kernels::real::slice($v, $l, $op)?;)+
+                candle_core::CpuStorage::F64($body)
+            }
+            _ => candle_core::bail!("{}: f32 or f64 only, same dtype", $op),
+        }
+    };
+}
+pub(crate) use float_kernel;

@@ -1,0 +1,129 @@
+//! The attention's scaled, causally masked softmax over (.., T, T) scores.
+//!
+//! From candle primitives it is a scale, a mask add and a softmax: about 6 ops forward and 15
+//! backward over the biggest tensor of the model, each allocating its output and synchronising
+//! candle's worker threads. The fused CPU op is one pass each way, the backward
+//! dx = scale · y ⊙ (g − Σ g⊙y) from the kept output y.
+
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
+
+use super::parallel::for_each_row;
+use super::real::{float_kernel, Real};
+
+/// softmax(scale · scores + mask) over the last dim, scores (.., T, T) and `mask` (≥T, ≥T): 0 on
+/// and below the diagonal, −∞ above (only the reference path reads it). Fused on CPU in f32 and
+/// f64.
+pub fn causal_softmax(scores: &Tensor, scale: f64, mask: &Tensor) -> Result<Tensor> {
+    if super::use_fused(scores) {
+        return fused_causal_softmax(scores, scale);
+    }
+    let t = scores.dim(D::Minus1)?;
+    let mask = mask.narrow(0, 0, t)?.narrow(1, 0, t)?; // (T, T)
+    candle_nn::ops::softmax(&(scores * scale)?.broadcast_add(&mask)?, D::Minus1)
+}
+
+/// The fused CPU path of `causal_softmax` (no mask needed).
+pub fn fused_causal_softmax(scores: &Tensor, scale: f64) -> Result<Tensor> {
+    scores.contiguous()?.apply_op1(CausalSoftmax { scale })
+}
+
+/// softmax(scale · x + causal mask) over the last dim of (.., T, T) scores: entries above the
+/// diagonal of each T×T matrix get probability 0.
+#[derive(Debug, Clone, Copy)]
+struct CausalSoftmax {
+    scale: f64,
+}
+
+fn causal_softmax_rows<T: Real>(x: &[T], t: usize, scale: f64) -> Result<Vec<T>> {
+    let scale = T::from_f64(scale);
+    let mut out = vec![T::zero(); x.len()];
+    for_each_row(&mut out, t, |r, y| {
+        let keep = r % t + 1; // query position i sees keys 0..=i
+        let xr = &x[r * t..r * t + keep];
+        let mut max = xr[0] * scale;
+        for &v in &xr[1..] {
+            if v * scale > max {
+                max = v * scale;
+            }
+        }
+        for (yi, &v) in y[..keep].iter_mut().zip(xr) {
+            *yi = v * scale - max;
+        }
+        T::exp_slice(&mut y[..keep]);
+        let inv = T::one() / T::sum_slice(&y[..keep]);
+        for yi in &mut y[..keep] {
+            *yi *= inv;
+        }
+    })?;
+    Ok(out)
+}
+
+impl CustomOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "causal-softmax"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let dims = layout.dims();
+        let t = dims.last().copied().unwrap_or(0);
+        if dims.len() < 2 || dims[dims.len() - 2] != t {
+            bail!("causal-softmax: expected (.., T, T) scores, got {:?}", dims);
+        }
+        let out = float_kernel!(self.name(); v = (storage, layout) => causal_softmax_rows(v, t, self.scale)?);
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let g = grad_res.contiguous()?;
+        Ok(Some(res.apply_op2_no_bwd(
+            &g,
+            &SoftmaxBackward { scale: self.scale },
+        )?))
+    }
+}
+
+/// dx = scale · y ⊙ (g − Σ g⊙y) per row, from the softmax output y and its gradient g.
+#[derive(Debug, Clone, Copy)]
+struct SoftmaxBackward {
+    scale: f64,
+}
+
+fn softmax_backward_rows<T: Real>(y: &[T], g: &[T], cols: usize, scale: f64) -> Result<Vec<T>> {
+    let scale = T::from_f64(scale);
+    let mut out = vec![T::zero(); y.len()];
+    for_each_row(&mut out, cols, |r, dx| {
+        let yr = &y[r * cols..(r + 1) * cols];
+        let gr = &g[r * cols..(r + 1) * cols];
+        let dot = T::dot_slice(yr, gr);
+        for ((d, &a), &b) in dx.iter_mut().zip(yr).zip(gr) {
+            *d = scale * a * (b - dot);
+        }
+    })?;
+    Ok(out)
+}
+
+impl CustomOp2 for SoftmaxBackward {
+    fn name(&self) -> &'static str {
+        "softmax-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        if l1.shape() != l2.shape() {
+            bail!(
+                "softmax-backward: shapes differ: {:?} vs {:?}",
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        let cols = l1.dims().last().copied().unwrap_or(1);
+        let n = self.name();
+        let out = float_kernel!(n; y = (s1, l1), g = (s2, l2) => softmax_backward_rows(y, g, cols, self.scale)?);
+        Ok((out, l1.shape().clone()))
+    }
+}
