@@ -44,22 +44,9 @@ pub fn fused_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Resul
     }
 }
 
-/// Splits `rows` into about one block per thread (at least 16 rows each) and runs
-/// `f(first_row, end_row)` for each, in parallel when there is enough work.
-fn for_each_row_block(
-    rows: usize,
-    work_per_row: usize,
-    f: impl Fn(usize, usize) -> Result<()> + Sync,
-) -> Result<()> {
-    let threads = candle_core::utils::get_num_threads().max(1);
-    let blocks = threads.min(rows / 16).max(1);
-    for_each_block(blocks, blocks * (rows / blocks * work_per_row), |i| {
-        f(i * rows / blocks, (i + 1) * rows / blocks)
-    })
-}
-
-/// out (rows, cols) = lhs (rows, k) · rhs (k, cols) [+ bias on every row], in blocks of rows,
-/// each block one single-threaded GEMM (starting from the bias when there is one).
+/// out (rows, cols) = lhs (rows, k) · rhs (k, cols) [+ bias on every row], in about one block of
+/// rows per thread (at least 16 rows each), each block one single-threaded GEMM (starting from
+/// the bias when there is one).
 fn product_by_row_blocks<T: Real>(
     (rows, cols, k): (usize, usize, usize),
     lhs: &[T],
@@ -71,7 +58,10 @@ fn product_by_row_blocks<T: Real>(
     let mut out = vec![T::zero(); rows * cols];
     let len = out.len();
     let ptr = SharedMut(out.as_mut_ptr());
-    for_each_row_block(rows, cols * k, |r0, r1| {
+    let threads = candle_core::utils::get_num_threads().max(1);
+    let blocks = threads.min(rows / 16).max(1);
+    for_each_block(blocks, blocks * (rows / blocks) * cols * k, |i| {
+        let (r0, r1) = (i * rows / blocks, (i + 1) * rows / blocks);
         if let Some(b) = bias {
             for r in r0..r1 {
                 // SAFETY: rows r0..r1 of the output belong to this block alone.
