@@ -52,3 +52,12 @@ export function fetchExpertUtilization(runId, maxSteps) {
   const params = new URLSearchParams({ max_steps: String(maxSteps) });
   return getJSON(`${runPath(runId)}/expert-utilization?${params}`);
 }
+
+/**
+ * The run's charts as its page lays them out, `{charts: [{id, title, keys, x_unit}],
+ * heatmaps: [{layer, experts, keys}]}` in page order: the server's one grouping rule, which
+ * the run page follows for keys that appear while it is open.
+ */
+export function fetchChartLayout(runId) {
+  return getJSON(`${runPath(runId)}/charts`);
+}

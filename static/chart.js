@@ -4,10 +4,10 @@
 // (server-sent points into charts). Each frame draws at most ~2 points (min and max) per pixel
 // column, so drawing cost depends on the canvas width, not on the series length.
 
-import { Series, lowerBound, timeOrigin, pointCount } from "./chart/data.js";
-import { Scale, extent, valueTransform, formatValue, formatDuration } from "./chart/scales.js";
+import { Series, lowerBound, timeOrigin, pointCount, effectiveSmoothing } from "./chart/data.js";
+import { Scale, extent, valueTransform, valueTicks, xTicks, formatValue } from "./chart/scales.js";
 import {
-  PAD, PALETTE, colorFor, cssVar, prepareCanvas, drawAxes, clipTo, drawLine, drawMarker,
+  PAD, PALETTE, colorFor, cssVar, prepareCanvas, leftPad, drawAxes, clipTo, drawLine, drawMarker,
   drawSelection, drawCursor,
 } from "./chart/draw.js";
 import { bindPointer } from "./chart/interact.js";
@@ -16,7 +16,9 @@ export { Series, lowerBound, PALETTE, colorFor };
 
 /** A line chart bound to a canvas inside `box`. */
 export class LineChart {
-  /** opts: {onZoom(startStep, endStep, chart) -> Promise, smoothing, logScale, xAxis: "step"|"time"} */
+  /** opts: {onZoom(startStep, endStep, chart) -> Promise, smoothing, logScale,
+   *  xAxis: "step"|"time", xUnit: what a step counts, "step" or "seconds" (`sys/...` series,
+   *  whose step is the time since the run started)} */
   constructor(box, opts = {}) {
     this.box = box;
     this.opts = opts;
@@ -24,6 +26,7 @@ export class LineChart {
     this.smoothing = opts.smoothing ?? 0;
     this.logScale = !!opts.logScale;
     this.xAxis = opts.xAxis ?? "step";
+    this.xUnit = opts.xUnit ?? "step";
     this.view = null; // {x0, x1} in x units while zoomed
     this.frame = null; // the last drawn frame: {w, h, area, x, y, origin, transform}
     this.canvas = document.createElement("canvas");
@@ -73,6 +76,17 @@ export class LineChart {
     return this.xAxis === "time" ? timeOrigin(this.series) : 0;
   }
 
+  /** What the x axis counts, written under it. */
+  xCaption() {
+    if (this.xAxis === "time") return "wall time";
+    return this.xUnit === "seconds" ? "time since start (s)" : "step";
+  }
+
+  /** The smoothing weight series `s` is drawn with (see effectiveSmoothing). */
+  smoothingOf(s) {
+    return effectiveSmoothing(this.smoothing, s.n);
+  }
+
   draw() {
     const canvas = prepareCanvas(this.canvas, this.box);
     if (!canvas) return;
@@ -81,34 +95,37 @@ export class LineChart {
     const transform = valueTransform(this.logScale);
     const origin = this.origin();
     const b = extent(this.series, { axis: this.xAxis, origin, view: this.view, transform });
-    const area = { left: PAD.left, top: PAD.top, right: w - PAD.right, bottom: h - PAD.bottom };
+    // About one y tick per 40 px of plot height.
+    const yt = valueTicks(b.y0, b.y1, transform, Math.max(3, Math.round((h - PAD.top - PAD.bottom) / 40)));
+    const area = { left: leftPad(ctx, yt.labels), top: PAD.top, right: w - PAD.right, bottom: h - PAD.bottom };
     const x = new Scale(b.x0, b.x1, area.left, area.right);
     const y = new Scale(b.y0, b.y1, area.bottom, area.top);
+    const xt = xTicks(b.x0, b.x1, this.xAxis, Math.max(2, Math.floor((area.right - area.left) / 90)));
     this.frame = { w, h, area, x, y, origin, transform };
-
-    drawAxes(
-      ctx, area,
-      {
-        scale: x,
-        ticks: x.ticks(Math.max(2, Math.floor((area.right - area.left) / 90))),
-        label: this.xAxis === "time" ? formatDuration : formatValue,
-      },
-      { scale: y, ticks: y.ticks(5), label: (t) => formatValue(transform.inverse(t)) },
-      colors,
-    );
+    const caption = this.xCaption();
+    drawAxes(ctx, area, { scale: x, ...xt, caption }, { scale: y, ...yt }, colors);
+    // What the axes say, for tests and screenshots' captions: tick labels and the value range.
+    Object.assign(this.box.dataset, {
+      xTicks: JSON.stringify(xt.labels),
+      yTicks: JSON.stringify(yt.labels),
+      yRange: JSON.stringify([transform.inverse(b.y0), transform.inverse(b.y1)]),
+      xCaption: caption,
+      log: String(transform.log),
+      smoothing: JSON.stringify(this.series.map((s) => this.smoothingOf(s))),
+    });
 
     const unclip = clipTo(ctx, area);
-    const smooth = this.smoothing > 0;
     for (const s of this.series) {
       if (!s.n) continue;
+      const weight = this.smoothingOf(s);
       // With smoothing on, the raw line stays as a faint trace under the smoothed one.
-      ctx.globalAlpha = smooth ? 0.25 : 1;
+      ctx.globalAlpha = weight > 0 ? 0.25 : 1;
       ctx.lineWidth = 1.25;
       this.paintSeries(ctx, s, s.values);
-      if (smooth) {
+      if (weight > 0) {
         ctx.globalAlpha = 1;
         ctx.lineWidth = 1.75;
-        this.paintSeries(ctx, s, s.smooth(this.smoothing));
+        this.paintSeries(ctx, s, s.smooth(weight));
       }
     }
     unclip();
@@ -176,7 +193,8 @@ export class LineChart {
       let i = lowerBound(xs, s.n, x + off);
       if (i >= s.n || (i > 0 && Math.abs(xs[i - 1] - off - x) < Math.abs(xs[i] - off - x))) i -= 1;
       i = Math.max(0, i);
-      const sm = this.smoothing > 0 ? ` (smoothed ${formatValue(s.smooth(this.smoothing)[i])})` : "";
+      const weight = this.smoothingOf(s);
+      const sm = weight > 0 ? ` (smoothed ${formatValue(s.smooth(weight)[i])})` : "";
       rows.push(`${s.label}: step ${s.steps[i]} · ${s.values[i]}${sm}`);
     }
     if (!rows.length) { this.tip.hidden = true; return; }

@@ -1,8 +1,10 @@
 // Run page: live charts, heatmaps, log pane, status badge and edit forms.
 import { LineChart } from "./chart.js";
 import { LiveFeed } from "./chart/live.js";
+import { chartCard, heatmapCard, placeCard } from "./chart/cards.js";
+import { formatMetric } from "./chart/scales.js";
 import { Heatmap } from "./heatmap.js";
-import { runPath, fetchSeries, fetchExpertUtilization, sendJSON } from "./api.js";
+import { runPath, fetchSeries, fetchExpertUtilization, fetchChartLayout, sendJSON } from "./api.js";
 import { subscribe, statusOf, setBadges, registry } from "./live.js";
 
 const root = document.querySelector("[data-run-id]");
@@ -12,7 +14,10 @@ const reg = registry();
 reg.runId = runId;
 
 const feed = new LiveFeed(reg);
-const charts = []; // {chart, keys}
+/** Chart cards by layout id: {chart, keys, section}. */
+const cards = new Map();
+/** Heatmaps by MoE layer: {keys, card, offs (functions that stop its live points)}. */
+const heatmaps = new Map();
 /** Heatmap rows per layer read at load (live points add more). */
 const HEAT_ROWS = 400;
 
@@ -27,18 +32,35 @@ async function readSeries(chart, key, start, end) {
   return data.points;
 }
 
-async function initChart(box) {
-  const keys = box.dataset.keys.split(",").filter(Boolean);
-  const chart = new LineChart(box, {
+/** The chart controls' current settings, for charts created after the user changed them. */
+function controls() {
+  return {
     smoothing: Number(document.getElementById("smoothing")?.value ?? 0),
+    logScale: !!document.getElementById("logscale")?.checked,
+    xAxis: document.getElementById("xaxis")?.value ?? "step",
+  };
+}
+
+async function initChart(box) {
+  const section = box.closest(".chart-card");
+  const chart = new LineChart(box, {
+    ...controls(),
+    xUnit: box.dataset.xUnit,
     // Zoomed reads replace the series with finer detail of the range.
     onZoom: (s0, s1, c) => Promise.all(c.series.map(async (s) => s.setPoints(await readSeries(c, s.label, s0, s1)))),
   });
-  charts.push({ chart, keys });
-  const legend = box.parentElement.querySelector(".chart-legend");
-  for (const key of keys) {
-    const series = chart.addSeries(key);
-    feed.attach(key, chart, series);
+  const entry = { chart, keys: [], section };
+  cards.set(section.dataset.group, entry);
+  await addKeys(entry, box.dataset.keys.split(",").filter(Boolean));
+}
+
+/** Adds series for `keys` to a card (its legend too) and reads them. */
+async function addKeys(entry, keys) {
+  const legend = entry.section.querySelector(".chart-legend");
+  const added = keys.map((key) => {
+    const series = entry.chart.addSeries(key);
+    feed.attach(key, entry.chart, series);
+    entry.keys.push(key);
     if (legend) {
       const item = document.createElement("span");
       const sw = document.createElement("i");
@@ -46,28 +68,106 @@ async function initChart(box) {
       item.append(sw, document.createTextNode(key));
       legend.append(item);
     }
-  }
-  await Promise.all(chart.series.map((s) => feed.load(s.label, s, () => readSeries(chart, s.label))));
-  chart.redraw();
+    return series;
+  });
+  entry.chart.box.dataset.keys = entry.keys.join(",");
+  await Promise.all(added.map((s) => feed.load(s.label, s, () => readSeries(entry.chart, s.label))));
+  entry.chart.redraw();
 }
 
-/** One heatmap per MoE layer; the page lists each row's metric key, in expert order. */
-function initHeatmaps() {
-  const layers = new Map(); // layer -> Heatmap
-  for (const box of document.querySelectorAll(".heat-box[data-layer]")) {
-    const keys = box.dataset.keys.split(",").filter(Boolean);
-    const hm = new Heatmap(box, keys.length);
-    keys.forEach((key, expert) => feed.on(key, (p) => hm.set(expert, p.step, p.value)));
-    layers.set(Number(box.dataset.layer), hm);
-  }
-  return layers;
+/** A heatmap for a `.heat-box`; the page lists each row's metric key, in expert order. */
+function initHeatmap(box) {
+  const keys = box.dataset.keys.split(",").filter(Boolean);
+  const hm = new Heatmap(box, keys.length);
+  const offs = keys.map((key, expert) => feed.on(key, (p) => hm.set(expert, p.step, p.value)));
+  heatmaps.set(Number(box.dataset.layer), { hm, keys, card: box.closest(".heat-card"), offs });
 }
 
+/** Reads the matrices of `layers` (all when absent). */
 async function loadHeatmaps(layers) {
-  if (!layers.size) return;
+  const wanted = layers ?? [...heatmaps.keys()];
+  if (!wanted.length) return;
   const data = await fetchExpertUtilization(runId, HEAT_ROWS);
-  for (const l of data.layers) layers.get(l.layer)?.setMatrix(l.steps, l.fractions);
+  for (const l of data.layers) if (wanted.includes(l.layer)) heatmaps.get(l.layer)?.hm.setMatrix(l.steps, l.fractions);
 }
+
+/**
+ * Brings the cards in line with the server's chart layout: a new group gets a card in its
+ * place, a group with a new key at its end gets a series, a group whose keys changed order
+ * (so its colours would differ from a reload) is rebuilt; the same for heatmap layers.
+ */
+async function applyLayout(layout) {
+  const work = [];
+  const container = document.getElementById("charts");
+  const order = layout.charts.map((g) => g.id);
+  for (const g of layout.charts) {
+    const entry = cards.get(g.id);
+    if (entry && entry.keys.every((k, i) => g.keys[i] === k)) {
+      if (g.keys.length > entry.keys.length) work.push(addKeys(entry, g.keys.slice(entry.keys.length)));
+      continue;
+    }
+    const card = chartCard(g);
+    if (entry) {
+      feed.detach(entry.chart);
+      cards.delete(g.id);
+      entry.section.replaceWith(card);
+    } else {
+      placeCard(container, card, order, (c) => c.dataset.group);
+    }
+    work.push(initChart(card.querySelector(".chart-box")));
+  }
+  if (layout.charts.length) document.getElementById("charts-empty")?.remove();
+
+  const heatBox = document.getElementById("heatmaps");
+  const layers = layout.heatmaps.map((h) => String(h.layer));
+  const changed = [];
+  for (const h of layout.heatmaps) {
+    const cur = heatmaps.get(h.layer);
+    if (cur && cur.keys.join(",") === h.keys.join(",")) continue;
+    const card = heatmapCard(h);
+    if (cur) {
+      cur.offs.forEach((off) => off());
+      cur.card.replaceWith(card);
+    } else {
+      placeCard(heatBox, card, layers, (c) => c.dataset.layer);
+    }
+    initHeatmap(card.querySelector(".heat-box"));
+    changed.push(h.layer);
+  }
+  if (layout.heatmaps.length) document.getElementById("moe-section").hidden = false;
+  work.push(loadHeatmaps(changed));
+  await Promise.all(work);
+}
+
+// One layout request at a time; keys that show up meanwhile are covered by one more.
+let layoutRun = null;
+let layoutAgain = false;
+function refreshLayout() {
+  if (layoutRun) { layoutAgain = true; return layoutRun; }
+  layoutRun = (async () => {
+    do {
+      layoutAgain = false;
+      try {
+        await applyLayout(await fetchChartLayout(runId));
+      } catch (err) {
+        // The keys stay unknown, so their next point asks again.
+        console.warn("chart layout:", err);
+      }
+    } while (layoutAgain);
+    layoutRun = null;
+    reg.layouts = (reg.layouts ?? 0) + 1;
+  })();
+  return layoutRun;
+}
+feed.onUnknown = () => { refreshLayout(); };
+
+/** The card headers' latest values follow the stream, as a reload would show them. */
+feed.onLatest = (key, step, value) => {
+  for (const span of document.querySelectorAll(`[data-latest-of="${CSS.escape(key)}"]`)) {
+    const shown = Number(/@ (\d+)$/.exec(span.textContent)?.[1] ?? -1);
+    if (step >= shown) span.textContent = `${formatMetric(value)} @ ${step}`;
+  }
+};
 
 function onStatus(data) {
   const st = statusOf(data);
@@ -92,13 +192,13 @@ function wireControls() {
   smoothing?.addEventListener("input", () => {
     const w = Number(smoothing.value);
     if (out) out.textContent = w.toFixed(2);
-    for (const { chart } of charts) { chart.smoothing = w; chart.redraw(); }
+    for (const { chart } of cards.values()) { chart.smoothing = w; chart.redraw(); }
   });
   document.getElementById("logscale")?.addEventListener("change", (e) => {
-    for (const { chart } of charts) { chart.logScale = e.target.checked; chart.redraw(); }
+    for (const { chart } of cards.values()) { chart.logScale = e.target.checked; chart.redraw(); }
   });
   document.getElementById("xaxis")?.addEventListener("change", (e) => {
-    for (const { chart } of charts) { chart.xAxis = e.target.value; chart.view = null; chart.redraw(); }
+    for (const { chart } of cards.values()) { chart.xAxis = e.target.value; chart.view = null; chart.redraw(); }
   });
 }
 
@@ -198,10 +298,13 @@ subscribe(`${api}/events${afterStep ? `?after_step=${afterStep}` : ""}`, {
   // The server ended the stream on its own failure; the browser reconnects and resumes.
   stream_error: () => setLiveState("reconnecting"),
 }, { onState: setLiveState });
-const heatmaps = initHeatmaps();
+document.querySelectorAll(".heat-box[data-layer]").forEach(initHeatmap);
 await Promise.all([
   ...[...document.querySelectorAll(".chart-box[data-keys]")].map(initChart),
-  loadHeatmaps(heatmaps),
+  loadHeatmaps(),
 ]);
 reg.ready = true;
 document.body.dataset.ready = "true";
+// Keys stored between the page's render and the stream's start have no point coming: one
+// layout read covers them.
+refreshLayout();

@@ -1,4 +1,5 @@
-// Runs table: live status badges from the global event stream, and the compare button state.
+// Runs table: live status badges from the global event stream, the compare button state, and
+// saved columns (kept in this browser: a table opened without `cols=` uses them).
 import { subscribe, statusOf, setBadges } from "./live.js";
 
 subscribe("/api/v1/events", {
@@ -16,3 +17,18 @@ const update = () => {
 };
 form?.addEventListener("change", update);
 if (form) update();
+
+const COLS_KEY = "trainyard.cols";
+const colsInput = document.getElementById("f-cols");
+document.getElementById("save-cols")?.addEventListener("click", (e) => {
+  const cols = colsInput.value.trim();
+  if (cols) localStorage.setItem(COLS_KEY, cols); else localStorage.removeItem(COLS_KEY);
+  e.target.textContent = cols ? "Saved" : "Cleared";
+  colsInput.form.requestSubmit();
+});
+const saved = localStorage.getItem(COLS_KEY);
+const url = new URL(location.href);
+if (saved && !url.searchParams.has("cols")) {
+  url.searchParams.set("cols", saved);
+  location.replace(url);
+}

@@ -31,6 +31,10 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// than the usual 1024 open-file limit (it is lowered further when that limit is lower).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
+/// Silence after which a running run not launched here is marked `lost`: ten missed heartbeats
+/// of the trainer (every 30 s), so a slow network or a long evaluation does not trip it.
+pub const DEFAULT_LOST_AFTER: Duration = Duration::from_secs(300);
+
 /// Everything `serve` needs; built from the CLI or by tests.
 #[derive(Clone)]
 pub struct Settings {
@@ -58,6 +62,9 @@ pub struct Settings {
     /// Whether launch requests may run an arbitrary `command` (off by default: whoever can call
     /// the API could otherwise run anything as the server's user).
     pub allow_command_launch: bool,
+    /// A running run this server did not launch is marked `lost` after this long without a
+    /// heartbeat, metric or update from its client (`crate::liveness`).
+    pub lost_after: Duration,
     /// GPUs, CPU slots, stop grace period and trainer binary of the local executor
     /// (its `data_dir` is replaced by the one above).
     pub launcher: LauncherSettings,
@@ -81,6 +88,7 @@ impl std::fmt::Debug for Settings {
             .field("body_timeout", &self.body_timeout)
             .field("max_connections", &self.max_connections)
             .field("allow_command_launch", &self.allow_command_launch)
+            .field("lost_after", &self.lost_after)
             .finish()
     }
 }
@@ -101,6 +109,7 @@ impl Settings {
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             allow_command_launch: false,
+            lost_after: DEFAULT_LOST_AFTER,
         }
     }
 
@@ -138,6 +147,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     /// Queue, GPUs and supervision of launched runs.
     pub launcher: Launcher,
+    /// Last signs of life of runs reporting from elsewhere.
+    pub liveness: Arc<crate::liveness::Liveness>,
 }
 
 impl AppState {
@@ -154,6 +165,7 @@ impl AppState {
         AppState {
             store,
             live,
+            liveness: Arc::new(crate::liveness::Liveness::new(settings.lost_after)),
             settings: Arc::new(settings),
             launcher,
         }
@@ -166,21 +178,11 @@ impl AppState {
 /// host and cross-site checks, the request body timeout and size limit, the NUL check on path
 /// and query parameters; then routing and each router's own access check.
 pub fn app(state: AppState) -> Router {
-    // The dashboard performs actions (stop, launch, edits) through the API in-process.
-    let api = Router::new()
-        .nest("/api/v1", http::api_router(&state))
-        .with_state(state.clone());
-    let dashboard = http::pages::Dashboard {
-        store: state.store.clone(),
-        data_dir: state.settings.data_dir.clone(),
-        api,
-        token: state.settings.admin_token.clone(),
-    };
     let hosts = Arc::new(http::guard::HostRules::new(&state.settings));
     Router::new()
         .merge(http::api::health::router())
         .nest("/api/v1", http::api_router(&state))
-        .merge(http::pages::router(dashboard))
+        .merge(http::pages::router(&state))
         .fallback(http::not_found)
         .layer(middleware::from_fn(http::guard::reject_nul_bytes))
         .layer(DefaultBodyLimit::max(state.settings.body_limit))
@@ -203,8 +205,12 @@ pub struct Application {
 
 impl Application {
     /// Checks the settings, opens the store (running migrations) and binds the listener.
-    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+    pub async fn build(mut settings: Settings) -> anyhow::Result<Application> {
         settings.check_exposure()?;
+        // A launched run starts inside its run directory, so the paths it is given (its config,
+        // its run directory, the token cache) must not be relative to ours.
+        settings.data_dir = std::path::absolute(&settings.data_dir)
+            .with_context(|| format!("resolving data directory {}", settings.data_dir.display()))?;
         if settings.database_url.is_none() {
             std::fs::create_dir_all(&settings.data_dir).with_context(|| {
                 format!("creating data directory {}", settings.data_dir.display())
@@ -270,7 +276,9 @@ impl Application {
             header_timeout: self.state.settings.header_timeout,
             max_connections: self.state.settings.max_connections,
         };
+        let watchdog = tokio::spawn(crate::liveness::watch(self.state.clone()));
         http::serve::serve(self.listener, app(self.state), limits, shutdown).await;
+        watchdog.abort();
         Ok(())
     }
 }

@@ -87,6 +87,11 @@ pub struct ServeArgs {
     /// Let launch requests run an arbitrary `command` as this server's user (off by default).
     #[arg(long, env = "TRAINYARD_ALLOW_COMMAND_LAUNCH")]
     pub allow_command_launch: bool,
+    /// Seconds without a heartbeat, metric or update after which a running run that this
+    /// server did not launch is marked `lost` (it becomes `running` again if it reports).
+    #[arg(long, env = "TRAINYARD_LOST_AFTER", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub lost_after_secs: u64,
 }
 
 impl ServeArgs {
@@ -112,6 +117,7 @@ impl ServeArgs {
             body_timeout: Duration::from_secs(self.body_timeout_secs),
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             allow_command_launch: self.allow_command_launch,
+            lost_after: Duration::from_secs(self.lost_after_secs),
         })
     }
 }

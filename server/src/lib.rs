@@ -1,13 +1,17 @@
 //! Trainyard server: tracking store, REST API, live events, dashboard and launcher.
 
+pub mod actions;
 pub mod app;
+pub mod checkpoints;
 pub mod cli;
 pub mod http;
 pub mod ingest;
 pub mod launcher;
 pub mod live;
+pub mod liveness;
 pub mod search;
 pub mod status;
 pub mod store;
 pub mod submit;
 pub mod telemetry;
+pub mod validate;

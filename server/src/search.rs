@@ -3,8 +3,10 @@
 
 use serde::Deserialize;
 
-use crate::store::filter::Filter;
-use crate::store::{DynStore, RunQuery, RunStatus, SortDir, SortKey, StoreError};
+use crate::store::filter::{written_key, Filter};
+use crate::store::{
+    DynStore, Experiment, KeyKind, RunQuery, RunStatus, SortDir, SortKey, StoreError,
+};
 
 /// Page size when `limit` is absent, and the largest allowed.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -17,7 +19,7 @@ pub const MAX_LIMIT: usize = 1000;
 pub struct SearchParams {
     /// Experiment id or name.
     pub experiment: Option<String>,
-    /// One of created, queued, running, finished, failed, stopped.
+    /// One of created, queued, running, finished, failed, stopped, lost.
     pub status: Option<String>,
     /// `key` (tag present) or `key=value`.
     pub tag: Option<String>,
@@ -82,12 +84,13 @@ impl SearchParams {
             .filter(|q| !q.trim().is_empty())
             .map(parse_filter)
             .transpose()?;
-        let experiment_id = match given(&self.experiment) {
-            Some(e) => Some(store.get_experiment(e).await?.id),
+        let experiment = match given(&self.experiment) {
+            Some(e) => Some(store.get_experiment(e).await?),
             None => None,
         };
+        check_keys(store, filter.as_ref(), &sort, experiment.as_ref()).await?;
         Ok(RunQuery {
-            experiment_id,
+            experiment_id: experiment.map(|e| e.id),
             status,
             tag: given(&self.tag).map(str::to_string),
             filter,
@@ -116,6 +119,153 @@ impl From<StoreError> for SearchOrStoreError {
     fn from(e: StoreError) -> Self {
         SearchOrStoreError::Store(e)
     }
+}
+
+/// Refuses a search naming a param or metric key that no run (of the experiment searched) has:
+/// it would quietly find no run, or sort by nothing, where the user most likely mistyped a key.
+/// The message offers the nearest keys runs do have. Each named key costs one index probe; the
+/// known keys are read only for a key that is missing.
+async fn check_keys(
+    store: &DynStore,
+    filter: Option<&Filter>,
+    sort: &SortKey,
+    experiment: Option<&Experiment>,
+) -> Result<(), SearchOrStoreError> {
+    let mut named: Vec<(&'static str, KeyKind, &str)> = filter
+        .map(|f| f.keys().into_iter().map(|(kind, key)| ("q", kind, key)))
+        .into_iter()
+        .flatten()
+        .collect();
+    match sort {
+        SortKey::Param(key) => named.push(("sort", KeyKind::Param, key)),
+        SortKey::Metric(key) => named.push(("sort", KeyKind::Metric, key)),
+        SortKey::CreatedAt | SortKey::Name | SortKey::Status => {}
+    }
+    let experiment_id = experiment.map(|e| e.id.as_str());
+    for (field, kind, key) in named {
+        if store.has_key(kind, key, experiment_id).await? {
+            continue;
+        }
+        let known = store.known_keys(kind, experiment_id).await?;
+        // `sort` takes the key as written after the prefix; `q` needs backquotes around odd keys.
+        let write = |k: &str| match field {
+            "q" => format!("`{}`", written_key(kind, k)),
+            _ => format!("`{}.{k}`", kind.prefix()),
+        };
+        let runs = match experiment {
+            Some(e) => format!("no run in experiment `{}`", e.name),
+            None => "no run".to_string(),
+        };
+        let near: Vec<String> = nearest_keys(key, &known, MAX_SUGGESTIONS)
+            .into_iter()
+            .map(write)
+            .collect();
+        let message = match near.split_last() {
+            _ if known.is_empty() => format!(
+                "{runs} has {}: none has any {} yet",
+                write(key),
+                kind.prefix()
+            ),
+            None => format!(
+                "{runs} has {}, and no {} key they have is close to it",
+                write(key),
+                kind.prefix()
+            ),
+            Some((only, [])) => format!("{runs} has {}; did you mean {only}?", write(key)),
+            Some((last, rest)) => format!(
+                "{runs} has {}; did you mean {} or {last}?",
+                write(key),
+                rest.join(", ")
+            ),
+        };
+        return Err(SearchError {
+            field,
+            message,
+            position: None,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Most keys an unknown-key message suggests.
+const MAX_SUGGESTIONS: usize = 5;
+
+/// The known keys nearest to `unknown`, nearest first (ties in key order), at most `n`, and only
+/// those close enough to be a likely meaning.
+pub fn nearest_keys<'a>(unknown: &str, known: &'a [String], n: usize) -> Vec<&'a str> {
+    let mut ranked: Vec<(usize, &str)> = known
+        .iter()
+        .filter_map(|k| key_distance(unknown, k).map(|d| (d, k.as_str())))
+        .collect();
+    ranked.sort();
+    ranked.into_iter().take(n).map(|(_, k)| k).collect()
+}
+
+/// How far a known key is from what was written (0 = only the letter case differs); None when
+/// too far to suggest. Besides typos (edit distance, at most a third of the key), two mistakes
+/// are common enough to rank high: an abbreviated last part (`training.lr` for
+/// `training.learning_rate`, `model.n` for `model.n_layer`) and the right last part in another
+/// section or none (`learning_rate`, `loss` for `val/loss`).
+fn key_distance(unknown: &str, known: &str) -> Option<usize> {
+    let (u, k) = (unknown.to_lowercase(), known.to_lowercase());
+    let limit = (u.chars().count() / 3).max(2);
+    let (u_section, u_leaf) = split_leaf(&u);
+    let (k_section, k_leaf) = split_leaf(&k);
+    let abbreviated = u_section == k_section && abbreviates(u_leaf, k_leaf);
+    let moved = u_leaf == k_leaf && u_section != k_section;
+    [
+        edit_distance_within(&u, &k, limit),
+        abbreviated.then_some(1),
+        moved.then_some(2),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+}
+
+/// A key's section (before its last `.` or `/`) and its last part.
+fn split_leaf(key: &str) -> (&str, &str) {
+    match key.rfind(['.', '/']) {
+        Some(i) => (&key[..i], &key[i + 1..]),
+        None => ("", key),
+    }
+}
+
+/// `short` is the start of `long`, or the initials of its words (`lr` for `learning_rate`).
+fn abbreviates(short: &str, long: &str) -> bool {
+    if short.is_empty() || short == long {
+        return false;
+    }
+    let initials: String = long
+        .split(['_', '-'])
+        .filter_map(|word| word.chars().next())
+        .collect();
+    long.starts_with(short) || initials == short
+}
+
+/// The edit distance (insertions, deletions, substitutions, in characters) of `a` and `b`, or
+/// None when it exceeds `limit`; stops as soon as it must.
+fn edit_distance_within(a: &str, b: &str, limit: usize) -> Option<usize> {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    if a.len().abs_diff(b.len()) > limit {
+        return None;
+    }
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut next = Vec::with_capacity(row.len());
+        next.push(i + 1);
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = row[j] + usize::from(ca != cb);
+            next.push(substitute.min(row[j + 1] + 1).min(next[j] + 1));
+        }
+        if next.iter().min().is_some_and(|&m| m > limit) {
+            return None;
+        }
+        row = next;
+    }
+    row.last().copied().filter(|&d| d <= limit)
 }
 
 /// Parses `sort`: `[-|+]created_at|name|status|params.<key>|metrics.<key>`.
@@ -213,6 +363,53 @@ mod tests {
                 Ok(parsed) => panic!("{text}: expected an error, got {parsed:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_nearest_known_keys_come_first_and_far_ones_are_left_out() {
+        let known: Vec<String> = [
+            "data.dataset",
+            "model.n_layer",
+            "model.n_heads",
+            "training.learning_rate",
+            "training.lr_schedule",
+            "training.max_steps",
+            "training.seed",
+            "train/loss",
+            "val/loss",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        let cases: &[(&str, &[&str])] = &[
+            // Initials of the last part, then its start.
+            (
+                "training.lr",
+                &["training.learning_rate", "training.lr_schedule"],
+            ),
+            // A typo, and the letter case.
+            ("training.max_step", &["training.max_steps"]),
+            ("Training.Seed", &["training.seed"]),
+            ("model.n_layers", &["model.n_layer"]),
+            // The right last part without its section.
+            ("loss", &["train/loss", "val/loss"]),
+            ("learning_rate", &["training.learning_rate"]),
+            ("val/los", &["val/loss"]),
+            // Nothing near.
+            ("optimizer.betas", &[]),
+        ];
+        for (unknown, expected) in cases {
+            assert_eq!(&nearest_keys(unknown, &known, 5), expected, "{unknown}");
+        }
+        assert_eq!(nearest_keys("training.lr", &known, 1).len(), 1);
+    }
+
+    #[test]
+    fn edit_distances_count_characters_and_give_up_past_the_limit() {
+        assert_eq!(edit_distance_within("kitten", "sitting", 3), Some(3));
+        assert_eq!(edit_distance_within("kitten", "sitting", 2), None);
+        assert_eq!(edit_distance_within("é", "e", 1), Some(1));
+        assert_eq!(edit_distance_within("a", &"a".repeat(100), 5), None);
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //!
 //! finished | failed | stopped ──► running   (resume: a trainer continues from a checkpoint)
 //! finished | failed | stopped ──► queued    (launcher: relaunch after the trainer reported)
+//! running ──► lost                          (watchdog: no sign of life for --lost-after-secs)
+//! lost ──► running | finished | failed | stopped   (the client spoke again)
 //! ```
 //!
 //! Everything else (a terminal status replaced by another terminal one, anything back to
@@ -31,6 +33,8 @@ pub enum Actor {
     Client,
     /// This server's launcher, which owns the queue: only it may put a run (back) in line.
     Launcher,
+    /// This server's watchdog (`crate::liveness`): only it declares a silent run `lost`.
+    Watchdog,
 }
 
 /// Whether `actor` may move a run from `from` to `to`.
@@ -38,6 +42,9 @@ pub fn transition_allowed(from: RunStatus, to: RunStatus, actor: Actor) -> bool 
     use RunStatus::*;
     match (from, to) {
         (_, Created) => false,
+        (Running, Lost) => actor == Actor::Watchdog,
+        (_, Lost) => false,
+        (Lost, Running | Finished | Failed | Stopped) => true,
         (_, Queued) => actor == Actor::Launcher && from != Queued,
         (Created, Running | Finished | Failed | Stopped) => true,
         (Queued, Running | Failed | Stopped) => true,
@@ -54,6 +61,8 @@ pub fn illegal_transition(from: RunStatus, to: RunStatus) -> StoreError {
         "no run goes back to `created`".to_string()
     } else if to == RunStatus::Queued {
         "only this server's launcher puts a run in its queue".to_string()
+    } else if to == RunStatus::Lost {
+        "only this server declares a silent running run `lost`".to_string()
     } else if from.is_terminal() {
         format!("`{from}` is final (a resumed run reports `running` first)")
     } else {
@@ -87,7 +96,8 @@ pub async fn change_status(
         return Err(illegal_transition(from, status));
     }
     let event = store.set_status(run_id, status, reason, exit).await?;
-    tracing::info!(from = ?event.from_status, to = %event.to_status, "run status changed");
+    let from_status = event.from_status.map_or("none", |s| s.as_str());
+    tracing::info!(from = from_status, to = %event.to_status, "run status changed");
     live.publish_status(event.clone());
     Ok(event)
 }
@@ -129,6 +139,13 @@ mod tests {
             (Stopped, Running, true, true),
             (Finished, Running, true, true),
             (Finished, Created, false, false),
+            (Running, Lost, false, false),
+            (Lost, Running, true, true),
+            (Lost, Finished, true, true),
+            (Lost, Failed, true, true),
+            (Lost, Stopped, true, true),
+            (Lost, Queued, false, true),
+            (Created, Lost, false, false),
         ];
         for (from, to, client, launcher) in table {
             assert_eq!(
@@ -140,6 +157,19 @@ mod tests {
                 transition_allowed(from, to, Actor::Launcher),
                 launcher,
                 "launcher {from} → {to}"
+            );
+        }
+        for (from, to, watchdog) in [
+            (Running, Lost, true),
+            (Created, Lost, false),
+            (Queued, Lost, false),
+            (Finished, Lost, false),
+            (Lost, Lost, false),
+        ] {
+            assert_eq!(
+                transition_allowed(from, to, Actor::Watchdog),
+                watchdog,
+                "watchdog {from} → {to}"
             );
         }
     }

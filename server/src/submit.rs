@@ -10,7 +10,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["config", "profile"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["config", "profile", "resume"])))]
 pub struct SubmitArgs {
     /// Server to launch on.
     #[arg(
@@ -25,6 +25,13 @@ pub struct SubmitArgs {
     /// A built-in profile (tiny, small, medium, large, tiny-moe, small-moe).
     #[arg(long)]
     pub profile: Option<String>,
+    /// Continue this ended run (its id) from a checkpoint, as a new attempt of the same run,
+    /// instead of launching a new one.
+    #[arg(long, value_name = "RUN")]
+    pub resume: Option<String>,
+    /// With --resume: `latest` (default), `best`, or a checkpoint's step.
+    #[arg(long, value_name = "latest|best|STEP")]
+    pub from: Option<String>,
     /// Override a config key, e.g. `--set training.max_steps=100` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
@@ -55,16 +62,34 @@ pub fn exit_code_for(status: &str) -> i32 {
     }
 }
 
+/// `POST /runs/{id}/resume`: the checkpoint (a step number as a number), and GPUs when asked.
+fn resume_body(args: &SubmitArgs) -> Value {
+    let from = args.from.as_deref().unwrap_or("latest");
+    let mut body = match from.parse::<u64>() {
+        Ok(step) => json!({ "from": step }),
+        Err(_) => json!({ "from": from }),
+    };
+    if args.gpus > 0 {
+        body["resources"] = json!({ "gpus": args.gpus });
+    }
+    body
+}
+
 fn build_body(args: &SubmitArgs) -> anyhow::Result<Value> {
     let mut overrides = BTreeMap::new();
     for item in &args.set {
         let Some((k, v)) = item.split_once('=') else {
-            bail!("--set {item:?}: expected KEY=VALUE, e.g. training.max_steps=100");
+            bail!("--set `{item}`: expected KEY=VALUE, e.g. training.max_steps=100");
         };
         overrides.insert(k.trim().to_string(), Value::String(v.to_string()));
     }
+    // Relative paths in the config mean what they mean here, where the user types them.
+    let here = std::env::current_dir().context(
+        "cannot tell the current directory, which relative config paths resolve against",
+    )?;
     let mut body = json!({
         "launch": true,
+        "working_dir": here.display().to_string(),
         "overrides": overrides,
         "resources": {"gpus": args.gpus},
         "max_restarts": args.max_restarts,
@@ -94,8 +119,17 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<i32> {
         Some(t) => rb.bearer_auth(t),
         None => rb,
     };
-    let body = build_body(&args)?;
-    let resp = auth(client.post(format!("{base}/api/v1/runs")).json(&body))
+    if args.from.is_some() && args.resume.is_none() {
+        bail!("--from picks the checkpoint of --resume RUN; it does nothing without it");
+    }
+    let (url, body) = match &args.resume {
+        Some(run) => (
+            format!("{base}/api/v1/runs/{run}/resume"),
+            resume_body(&args),
+        ),
+        None => (format!("{base}/api/v1/runs"), build_body(&args)?),
+    };
+    let resp = auth(client.post(url).json(&body))
         .send()
         .await
         .with_context(|| format!("cannot reach the server at {base}"))?;
@@ -106,14 +140,19 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<i32> {
         .context("the server's reply is not JSON")?;
     if !status.is_success() {
         let err = &reply["error"];
+        let message = err["message"].as_str().unwrap_or("?");
+        // Config messages start with their key already.
         let field = err["field"]
             .as_str()
+            .filter(|f| !message.starts_with(&format!("{f}:")))
             .map(|f| format!("{f}: "))
             .unwrap_or_default();
-        bail!(
-            "launch refused ({status}): {field}{}",
-            err["message"].as_str().unwrap_or("?")
-        );
+        let what = if args.resume.is_some() {
+            "resume"
+        } else {
+            "launch"
+        };
+        bail!("{what} refused ({status}): {field}{message}");
     }
     let id = reply["id"]
         .as_str()
@@ -205,6 +244,8 @@ mod tests {
             server: "http://x".into(),
             config: None,
             profile: Some("tiny".into()),
+            resume: None,
+            from: None,
             set: vec!["training.max_steps=5".into()],
             gpus: 1,
             max_restarts: 2,
@@ -218,6 +259,9 @@ mod tests {
         assert_eq!(body["profile"], "tiny");
         assert_eq!(body["overrides"]["training.max_steps"], "5");
         assert_eq!(body["resources"]["gpus"], 1);
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(body["working_dir"], here.display().to_string());
+        assert!(here.is_absolute());
         let bad = SubmitArgs {
             set: vec!["oops".into()],
             ..args
@@ -226,6 +270,27 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("KEY=VALUE"));
+    }
+
+    #[test]
+    fn submit_resume_asks_for_the_checkpoint_by_word_or_step() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: SubmitArgs,
+        }
+        let parse = |argv: &[&str]| Cli::try_parse_from(argv).map(|c| c.args);
+        let args = parse(&["x", "--resume", "abc", "--from", "300"]).unwrap();
+        assert_eq!(resume_body(&args), json!({"from": 300}));
+        let args = parse(&["x", "--resume", "abc"]).unwrap();
+        assert_eq!(resume_body(&args), json!({"from": "latest"}));
+        let args = parse(&["x", "--resume", "abc", "--from", "best", "--gpus", "1"]).unwrap();
+        assert_eq!(
+            resume_body(&args),
+            json!({"from": "best", "resources": {"gpus": 1}})
+        );
+        assert!(parse(&["x", "--resume", "abc", "--profile", "tiny"]).is_err());
     }
 
     #[test]

@@ -114,6 +114,19 @@ export class Series {
   }
 }
 
+/**
+ * The smoothing a series of `n` points gets from the slider's `weight`. An EMA of weight w
+ * averages over about 1 / (1 - w) points; that span is capped at 2% of the series' points, and
+ * below 1.5 points there is no smoothing. So 4 eval points or a 20-step run are drawn as
+ * measured, a warm-up of a few dozen steps keeps its shape, and only a long, dense series
+ * (where noise hides the trend) is smoothed as much as the slider says.
+ */
+export function effectiveSmoothing(weight, n) {
+  if (!(weight > 0 && weight < 1)) return 0;
+  const span = Math.min(1 / (1 - weight), n / 50);
+  return span < 1.5 ? 0 : 1 - 1 / span;
+}
+
 function typicalGap(series) {
   if (series.n < 2) return 1;
   // The median of a sample of gaps: robust to the wide gaps a downsampled view leaves.

@@ -6,8 +6,9 @@ import { PALETTE } from "../palette.js";
 
 export { PALETTE };
 
-/** Room around the plot area for the tick labels (CSS pixels). */
-export const PAD = Object.freeze({ left: 56, right: 12, top: 10, bottom: 26 });
+/** Room around the plot area (CSS pixels): below it the x tick labels and the axis caption;
+ *  the left side is sized to the widest y label (`leftPad`). */
+export const PAD = Object.freeze({ right: 12, top: 12, bottom: 38 });
 
 /** The zoom selection: the page accent (app.css `--accent`) at 15%. */
 const SELECTION = "rgba(47,111,222,0.15)";
@@ -43,9 +44,17 @@ export function prepareCanvas(canvas, box) {
   return { ctx, w, h };
 }
 
+/** The left padding that fits the widest of `labels` (the y tick labels) beside the plot. */
+export function leftPad(ctx, labels) {
+  ctx.font = FONT;
+  const widest = labels.reduce((m, l) => Math.max(m, ctx.measureText(l).width), 0);
+  return Math.max(36, Math.ceil(widest) + 12);
+}
+
 /**
- * Grid lines and tick labels. `x` and `y` are {scale, ticks, label(t)}; `area` is the plot
- * rectangle {left, top, right, bottom}; `colors` {text, grid}.
+ * Grid lines, tick labels and the x axis caption. `x` and `y` are {scale, ticks, labels} with
+ * one label per tick, and `x.caption` names what x counts; `area` is the plot rectangle
+ * {left, top, right, bottom}; `colors` {text, grid}.
  */
 export function drawAxes(ctx, area, x, y, colors) {
   ctx.font = FONT;
@@ -54,17 +63,22 @@ export function drawAxes(ctx, area, x, y, colors) {
   ctx.fillStyle = colors.text;
   ctx.textAlign = "right";
   ctx.textBaseline = "middle";
-  for (const t of y.ticks) {
+  y.ticks.forEach((t, i) => {
     const py = Math.round(y.scale.map(t)) + 0.5;
     ctx.beginPath(); ctx.moveTo(area.left, py); ctx.lineTo(area.right, py); ctx.stroke();
-    ctx.fillText(y.label(t), area.left - 6, py);
-  }
+    // Kept inside the canvas: a tick at the very top keeps its whole label.
+    ctx.fillText(y.labels[i], area.left - 6, Math.max(7, py));
+  });
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
-  for (const t of x.ticks) {
+  x.ticks.forEach((t, i) => {
     const px = Math.round(x.scale.map(t)) + 0.5;
     ctx.beginPath(); ctx.moveTo(px, area.top); ctx.lineTo(px, area.bottom); ctx.stroke();
-    ctx.fillText(x.label(t), px, area.bottom + 6);
+    ctx.fillText(x.labels[i], px, area.bottom + 5);
+  });
+  if (x.caption) {
+    ctx.textAlign = "right";
+    ctx.fillText(x.caption, area.right, area.bottom + 21);
   }
 }
 

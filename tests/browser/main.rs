@@ -1,5 +1,6 @@
 //! End-to-end tests in real headless Chromium (WebDriver): live charts, compare, launch, stop,
-//! escaping. Each test saves screenshots under `target/screenshots/`.
+//! escaping. Each test saves screenshots under `target/screenshots/` (or where
+//! `TRAINYARD_SCREENSHOTS` says, see tests/README.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
 
@@ -8,6 +9,9 @@
 mod kit;
 #[allow(dead_code)] // shared with the page tests and the bench
 mod support;
+
+mod charts;
+mod resume;
 
 use fantoccini::Locator;
 use serde_json::json;
@@ -334,6 +338,19 @@ async fn a_run_launched_from_the_form_lands_on_its_live_page() {
     assert!(
         run["latest_metrics"]["val/loss"]["value"].is_number(),
         "{run}"
+    );
+    // The page opened before the run's first metric: its charts appeared live, no reload.
+    b.wait_for(
+        "const c = window.__trainyard.charts['train/loss']; return !document.getElementById('charts-empty') && !!c && c.points === 20 && c.lastStep === 20",
+        WAIT,
+    )
+    .await;
+    let header = b
+        .eval("return document.querySelector('[data-latest-of=\"train/loss\"]').textContent")
+        .await;
+    assert!(
+        header.as_str().is_some_and(|h| h.ends_with("@ 20")),
+        "the loss header follows the stream: {header}"
     );
     b.client.refresh().await.expect("reload");
     b.wait_for(

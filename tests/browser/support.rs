@@ -226,7 +226,7 @@ impl Browser {
             .expect("execute script")
     }
 
-    /// Saves a PNG of the current page as `target/screenshots/<name>.png`.
+    /// Saves a PNG of the current page as `<screenshots dir>/<name>.png`.
     pub async fn screenshot(&self, name: &str) {
         let png = self.client.screenshot().await.expect("screenshot");
         let dir = screenshots_dir();
@@ -239,7 +239,18 @@ impl Browser {
     }
 }
 
+/// Where screenshots go: the folder `TRAINYARD_SCREENSHOTS` names (a relative one from the
+/// repository root; the README's images are made with `TRAINYARD_SCREENSHOTS=docs/img`), else
+/// `target/screenshots/`.
 pub fn screenshots_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TRAINYARD_SCREENSHOTS").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        return if dir.is_absolute() {
+            dir
+        } else {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir)
+        };
+    }
     // CARGO_TARGET_TMPDIR is `<target>/tmp`; screenshots go next to it.
     Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()

@@ -1,5 +1,7 @@
-//! Checkpoints: `DIR/checkpoints/step-000123/` (and `DIR/checkpoints/best/`) holding
-//! `model.safetensors`, `optimizer.safetensors`, `state.json`, `config.yaml`, `tokenizer.json`.
+//! Checkpoints: `DIR/checkpoints/step-000123/` holding `model.safetensors`,
+//! `optimizer.safetensors`, `state.json`, `config.yaml`, `tokenizer.json`, and
+//! `DIR/checkpoints/best/` holding the same without the optimizer state (for sampling and
+//! `init_from`; the moments would double its size, and resuming from it starts them afresh).
 //!
 //! A checkpoint is written into a hidden temporary directory, every file and the directory are
 //! fsynced, and only then is it renamed into place: a reader (or a resume after a crash) sees a
@@ -91,7 +93,7 @@ pub fn step_dir_name(step: u64) -> String {
 pub fn save_step(run_dir: &Path, snap: &Snapshot<'_>, limit: usize) -> Result<PathBuf> {
     let root = checkpoints_dir(run_dir);
     let path = write_atomically(&root, &step_dir_name(snap.state.step), |dir| {
-        write_snapshot(dir, snap)
+        write_snapshot(dir, snap, true)
     })?;
     if limit > 0 {
         let steps = list_steps(&root)?;
@@ -103,16 +105,18 @@ pub fn save_step(run_dir: &Path, snap: &Snapshot<'_>, limit: usize) -> Result<Pa
     Ok(path)
 }
 
-/// Replaces `DIR/checkpoints/best/`.
+/// Replaces `DIR/checkpoints/best/`: weights, state, config and tokenizer; no optimizer state.
 pub fn save_best(run_dir: &Path, snap: &Snapshot<'_>) -> Result<PathBuf> {
     write_atomically(&checkpoints_dir(run_dir), BEST_DIR, |dir| {
-        write_snapshot(dir, snap)
+        write_snapshot(dir, snap, false)
     })
 }
 
-fn write_snapshot(dir: &Path, snap: &Snapshot<'_>) -> Result<()> {
+fn write_snapshot(dir: &Path, snap: &Snapshot<'_>, optimizer: bool) -> Result<()> {
     candle_core::safetensors::save(&varmap_tensors(snap.varmap)?, dir.join(MODEL_FILE))?;
-    candle_core::safetensors::save(&snap.optimizer.state()?, dir.join(OPTIMIZER_FILE))?;
+    if optimizer {
+        candle_core::safetensors::save(&snap.optimizer.state()?, dir.join(OPTIMIZER_FILE))?;
+    }
     fs::write(dir.join(STATE_FILE), serde_json::to_vec_pretty(snap.state)?)?;
     fs::write(dir.join(CONFIG_FILE), snap.config.to_yaml()?)?;
     fs::write(dir.join(TOKENIZER_FILE), snap.tokenizer_json)?;
@@ -268,6 +272,11 @@ pub fn load_weights(dir: &Path, varmap: &VarMap, device: &Device) -> Result<()> 
     Ok(())
 }
 
+/// Whether the checkpoint holds optimizer state (the `best` checkpoint holds weights only).
+pub fn has_optimizer(dir: &Path) -> bool {
+    dir.join(OPTIMIZER_FILE).is_file()
+}
+
 /// Restores the optimizer's state from a checkpoint.
 pub fn load_optimizer(dir: &Path, optimizer: &mut dyn Optimizer, device: &Device) -> Result<()> {
     let path = dir.join(OPTIMIZER_FILE);
@@ -405,6 +414,30 @@ mod tests {
             .unwrap();
         assert_eq!(w, vec![0.5; 6]);
         load_optimizer(&dir, &mut opt, &Device::Cpu).unwrap();
+    }
+
+    #[test]
+    fn the_best_checkpoint_keeps_weights_and_metadata_but_no_optimizer_state() {
+        let run = tempfile::tempdir().unwrap();
+        let (varmap, opt, config) = snapshot_parts();
+        let st = state(7);
+        let snap = Snapshot {
+            varmap: &varmap,
+            optimizer: &opt,
+            state: &st,
+            config: &config,
+            tokenizer_json: "{}",
+        };
+        let best = save_best(run.path(), &snap).unwrap();
+        let mut names: Vec<String> = fs::read_dir(&best)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [CONFIG_FILE, MODEL_FILE, STATE_FILE, TOKENIZER_FILE]);
+        assert!(!has_optimizer(&best));
+        assert!(has_optimizer(&save(run.path(), 7, 0)));
+        assert_eq!(resolve(run.path(), best.to_str().unwrap()).unwrap(), best);
     }
 
     #[test]

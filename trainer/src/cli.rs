@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::checkpoint;
 use crate::config::Config;
-use crate::report::{unix_ms, ServerTarget};
+use crate::report::{self, unix_ms, NewRun, ServerTarget};
 use crate::sample::{self, SamplingParams};
 use crate::train::{self, device, RunOptions};
 use crate::wire::RunStatus;
@@ -30,12 +30,22 @@ pub struct TrainArgs {
     /// Continue from a checkpoint: `latest` (the newest in --out) or a checkpoint directory.
     #[arg(long, value_name = "PATH|latest")]
     pub resume: Option<String>,
-    /// Tracking server to report to, e.g. http://127.0.0.1:8080.
-    #[arg(long, env = "TRAINYARD_SERVER_URL", requires = "run_id")]
+    /// Tracking server to report to, e.g. http://127.0.0.1:8080. Without --run-id the run is
+    /// created there first (its id and page are printed).
+    #[arg(long, env = "TRAINYARD_SERVER_URL")]
     pub server: Option<String>,
-    /// The server's id of this run.
+    /// The server's id of this run (a run created beforehand, as the launcher does).
     #[arg(long, env = "TRAINYARD_RUN_ID", requires = "server")]
     pub run_id: Option<String>,
+    /// Experiment (id or name) of the run --server creates; a new name creates it.
+    #[arg(long, requires = "server", conflicts_with = "run_id")]
+    pub experiment: Option<String>,
+    /// Name of the run --server creates (default: the server picks one).
+    #[arg(long, requires = "server", conflicts_with = "run_id")]
+    pub name: Option<String>,
+    /// Print the resolved, validated config as YAML and exit without training.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 /// `trainyard sample`: generate text from a checkpoint.
@@ -117,6 +127,10 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         (None, None) => PathBuf::from("runs").join(format!("run-{}", unix_ms())),
     };
     let (cfg, resume_from) = resolve_config(&args, &out)?;
+    if args.print_config {
+        print!("{}", cfg.to_yaml()?);
+        return Ok(());
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         // A second signal while the first is being honoured exits at once (130, as a shell).
@@ -124,17 +138,34 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
             .context("installing signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    let server = match (args.server, args.run_id) {
-        (Some(url), Some(run_id)) => Some(ServerTarget {
-            url,
-            run_id,
-            token: std::env::var("TRAINYARD_TOKEN")
-                .ok()
-                .filter(|t| !t.is_empty()),
-            flush_interval: Duration::from_millis(cfg.logging.flush_interval_ms.max(1)),
-            final_flush_timeout: Duration::from_secs(30),
-        }),
-        _ => None,
+    let token = std::env::var("TRAINYARD_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    let server = match args.server {
+        Some(url) => {
+            let run_id = match args.run_id {
+                Some(id) => id,
+                None => {
+                    let new = NewRun {
+                        experiment: args.experiment.as_deref(),
+                        name: args.name.as_deref(),
+                        config: &cfg,
+                    };
+                    let id = report::create_run(&url, token.as_deref(), &new)?;
+                    println!("run {id}: {}", report::run_page(&url, &id));
+                    id
+                }
+            };
+            Some(ServerTarget {
+                url,
+                run_id,
+                token,
+                flush_interval: Duration::from_millis(cfg.logging.flush_interval_ms.max(1)),
+                final_flush_timeout: Duration::from_secs(30),
+                heartbeat_interval: Duration::from_secs(cfg.logging.heartbeat_interval_secs.max(1)),
+            })
+        }
+        None => None,
     };
     let opts = RunOptions {
         out_dir: out.clone(),
@@ -178,6 +209,8 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
     }
     let dev = device::resolve_device(&args.device)?;
     let loaded = sample::load(&args.checkpoint, dev)?;
+    // On stderr, so stdout holds only the text.
+    eprintln!("{}", loaded.describe());
     let text = loaded.generate(
         &args.prompt,
         args.max_new_tokens,
@@ -257,8 +290,35 @@ mod tests {
     }
 
     #[test]
-    fn a_server_without_a_run_id_is_refused() {
-        assert!(parse(&["train", "--config", "tiny", "--server", "http://x"]).is_err());
+    fn a_server_without_a_run_id_parses_and_names_go_only_with_a_created_run() {
+        let Ok(Command::Train(t)) = parse(&[
+            "train",
+            "--config",
+            "tiny",
+            "--server",
+            "http://x",
+            "--experiment",
+            "sweeps",
+            "--name",
+            "first",
+        ]) else {
+            panic!("train --server without --run-id should parse");
+        };
+        assert_eq!(t.server.as_deref(), Some("http://x"));
+        assert_eq!(
+            (t.experiment.as_deref(), t.name.as_deref()),
+            (Some("sweeps"), Some("first"))
+        );
+        let refused: &[&[&str]] = &[
+            &["train", "--config", "tiny", "--run-id", "r1"],
+            &["train", "--config", "tiny", "--name", "n"],
+            &[
+                "train", "--config", "tiny", "--server", "http://x", "--run-id", "r", "--name", "n",
+            ],
+        ];
+        for argv in refused {
+            assert!(parse(argv).is_err(), "{argv:?} should be refused");
+        }
     }
 
     #[test]

@@ -24,13 +24,20 @@ pub struct SamplingParams {
     pub top_p: f64,
 }
 
+/// What generated text shows where the model ended a document (its end-of-text token): a
+/// visible break, never the token itself (`<|endoftext|>`, or a NUL byte for raw bytes).
+pub const DOCUMENT_BREAK: &str = "\n\n--- end of text ---\n\n";
+
 /// A model loaded from a checkpoint with its config and tokenizer.
 pub struct LoadedModel {
     pub config: Config,
     pub tokenizer: TextTokenizer,
     pub model: Gpt,
     pub device: Device,
+    /// The checkpoint directory the weights came from.
     pub dir: PathBuf,
+    /// The optimizer steps its weights had been trained for.
+    pub step: u64,
 }
 
 /// Loads a checkpoint directory, or a run directory (its `best` checkpoint, else its latest).
@@ -47,6 +54,7 @@ pub fn load(path: &Path, device: Device) -> Result<LoadedModel> {
         checkpoint::resolve(path, "latest")
             .with_context(|| format!("--checkpoint {}: no checkpoint found", path.display()))?
     };
+    let step = checkpoint::read_state(&dir)?.step;
     let config = checkpoint::read_config(&dir)?;
     let tokenizer = TextTokenizer::load(&dir.join(checkpoint::TOKENIZER_FILE))?;
     let varmap = VarMap::new();
@@ -59,6 +67,7 @@ pub fn load(path: &Path, device: Device) -> Result<LoadedModel> {
         model,
         device,
         dir,
+        step,
     })
 }
 
@@ -89,8 +98,27 @@ impl LoadedModel {
             let next = sample_next(&logits, params, &mut rng)?;
             ids.push(next);
         }
-        Ok(self.tokenizer.decode(&ids[prompt_len..])?)
+        render(&self.tokenizer, &ids[prompt_len..])
     }
+
+    /// `loaded checkpoint DIR (step N)`: what `sample` says before the text.
+    pub fn describe(&self) -> String {
+        format!(
+            "loaded checkpoint {} (step {})",
+            self.dir.display(),
+            self.step
+        )
+    }
+}
+
+/// Decodes generated ids, with [`DOCUMENT_BREAK`] wherever the model emitted end-of-text.
+pub fn render(tokenizer: &TextTokenizer, ids: &[u32]) -> Result<String> {
+    let eot = tokenizer.eot_id();
+    let parts = ids
+        .split(|&id| id == eot)
+        .map(|part| tokenizer.decode(part))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(parts.join(DOCUMENT_BREAK))
 }
 
 /// Draws one token id from `logits` (one row of the vocabulary).
@@ -156,6 +184,24 @@ mod tests {
             top_k,
             top_p,
         }
+    }
+
+    #[test]
+    fn end_of_text_is_rendered_as_a_document_break_not_as_the_token() {
+        let bytes = TextTokenizer::Bytes;
+        let ids: Vec<u32> = b"ab\0cd\0".iter().map(|&b| u32::from(b)).collect();
+        assert_eq!(
+            render(&bytes, &ids).unwrap(),
+            format!("ab{DOCUMENT_BREAK}cd{DOCUMENT_BREAK}")
+        );
+        let texts = ["the cat sat on the mat", "a dog ran in the park"].repeat(20);
+        let bpe = TextTokenizer::train_bpe_on(&texts, 300).unwrap();
+        let mut ids = bpe.encode("the cat").unwrap();
+        ids.push(bpe.eot_id());
+        ids.extend(bpe.encode("a dog").unwrap());
+        let text = render(&bpe, &ids).unwrap();
+        assert_eq!(text, format!("the cat{DOCUMENT_BREAK}a dog"));
+        assert!(!text.contains(crate::data::EOT_TOKEN));
     }
 
     #[test]

@@ -118,16 +118,21 @@ pub enum RunStatus {
     Finished,
     Failed,
     Stopped,
+    /// Was running, then went silent (no heartbeat, metrics or update) for longer than the
+    /// server's `--lost-after-secs`: its process was probably killed. A sign of life makes it
+    /// `running` again.
+    Lost,
 }
 
 impl RunStatus {
-    pub const ALL: [RunStatus; 6] = [
+    pub const ALL: [RunStatus; 7] = [
         RunStatus::Created,
         RunStatus::Queued,
         RunStatus::Running,
         RunStatus::Finished,
         RunStatus::Failed,
         RunStatus::Stopped,
+        RunStatus::Lost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -138,6 +143,7 @@ impl RunStatus {
             RunStatus::Finished => "finished",
             RunStatus::Failed => "failed",
             RunStatus::Stopped => "stopped",
+            RunStatus::Lost => "lost",
         }
     }
 
@@ -162,7 +168,8 @@ impl std::str::FromStr for RunStatus {
             .into_iter()
             .find(|st| st.as_str() == s)
             .ok_or_else(|| {
-                format!("unknown status `{s}`; expected one of created, queued, running, finished, failed, stopped")
+                let names: Vec<&str> = RunStatus::ALL.iter().map(|st| st.as_str()).collect();
+                format!("unknown status `{s}`; expected one of {}", names.join(", "))
             })
     }
 }

@@ -102,9 +102,13 @@ fn a_value_of_the_wrong_type_in_a_file_names_the_key_and_the_expected_type() {
         (
             "training:\n  learning_rate: abc\n",
             "training.learning_rate",
-            "f64",
+            "expected a number",
         ),
-        ("model:\n  n_layers: -2\n", "model.n_layers", "usize"),
+        (
+            "model:\n  n_layers: -2\n",
+            "model.n_layers",
+            "expected a whole number (0 or more)",
+        ),
         ("model:\n  norm: batchnorm\n", "model.norm", "layernorm"),
         ("data:\n  dedup: maybe\n", "data.dedup", "bool"),
         ("model: 3\n", "model", "mapping"),
@@ -115,6 +119,9 @@ fn a_value_of_the_wrong_type_in_a_file_names_the_key_and_the_expected_type() {
         let msg = err.to_string();
         assert!(msg.starts_with(&format!("{key}: ")), "{msg}");
         assert!(msg.contains(expected), "{msg} should mention {expected}");
+        for rust in ["usize", "f64", "Some(", "struct "] {
+            assert!(!msg.contains(rust), "{msg} names a Rust type");
+        }
     }
 }
 
@@ -131,9 +138,15 @@ fn overrides_set_nested_keys_with_typed_values() {
             "data.dataset=2024",
             "model.moe.top_k=1",
             "training.init_from=ckpt/step-10",
+            "data.line_filters.min_words=3",
+            "data.line_filters.boilerplate=true",
+            "logging.heartbeat_interval_secs=5",
         ],
     )
     .unwrap();
+    assert_eq!(cfg.data.line_filters.min_words, 3);
+    assert!(cfg.data.line_filters.boilerplate && !cfg.data.line_filters.symbol_lines);
+    assert_eq!(cfg.logging.heartbeat_interval_secs, 5);
     assert_eq!(cfg.training.learning_rate, 3e-4);
     assert_eq!(cfg.model.n_layers, 3);
     assert_eq!(cfg.model.position, PositionKind::Rope);
@@ -155,14 +168,18 @@ fn invalid_overrides_name_the_key() {
         (
             "training.learning_rate=abc",
             "training.learning_rate",
-            "f64",
+            "expected a number",
         ),
         (
             "training.learnig_rate=0.1",
             "training.learnig_rate",
             "training.learning_rate",
         ),
-        ("model.n_heads=four", "model.n_heads", "usize"),
+        (
+            "model.n_heads=four",
+            "model.n_heads",
+            "expected a whole number",
+        ),
         ("model.d_model=", "model.d_model", "expected"),
         ("model.moe.topk=2", "model.moe.topk", "model.moe.top_k"),
         ("model.d_model.x=1", "model.d_model.x", "unknown key"),
@@ -204,6 +221,10 @@ fn each_rule_violation_names_its_key() {
         (&["training.device=gpu"], "training.device"),
         (&["training.device=cuda:x"], "training.device"),
         (&["logging.progress=sometimes"], "logging.progress"),
+        (
+            &["logging.heartbeat_interval_secs=0"],
+            "logging.heartbeat_interval_secs",
+        ),
         (
             &["training.grad_accum_steps=0"],
             "training.grad_accum_steps",

@@ -8,7 +8,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use crate::ingest::IngestError;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -142,7 +141,8 @@ impl ApiError {
         }
     }
 
-    fn field(&self) -> Option<String> {
+    /// The request field at fault, when there is one.
+    pub fn field(&self) -> Option<String> {
         match self {
             ApiError::BadRequest { field, .. }
             | ApiError::Unprocessable { field, .. }
@@ -213,7 +213,8 @@ impl From<StoreError> for ApiError {
                 field: field.map(str::to_string),
                 message,
             },
-            StoreError::Invalid { field, message } => ApiError::BadRequest {
+            StoreError::Rejected(invalid) => invalid.into(),
+            StoreError::Invalid { field, message } => ApiError::Unprocessable {
                 field: Some(field.to_string()),
                 message: format!("{field}: {message}"),
             },
@@ -229,14 +230,32 @@ impl From<StoreError> for ApiError {
     }
 }
 
-impl From<IngestError> for ApiError {
-    fn from(err: IngestError) -> Self {
-        match err {
-            IngestError::Invalid { field, message } => ApiError::Unprocessable {
-                field: Some(field),
-                message,
+/// Every refused value is a 422 naming the field, wherever it entered.
+impl From<crate::validate::Invalid> for ApiError {
+    fn from(e: crate::validate::Invalid) -> Self {
+        ApiError::Unprocessable {
+            field: Some(e.field),
+            message: e.message,
+        }
+    }
+}
+
+impl From<crate::launcher::LaunchError> for ApiError {
+    fn from(e: crate::launcher::LaunchError) -> Self {
+        use crate::launcher::LaunchError;
+        match e {
+            LaunchError::TooManyGpus { .. } => {
+                ApiError::unprocessable("resources.gpus", e.to_string())
+            }
+            LaunchError::NothingToRun => ApiError::unprocessable("config", e.to_string()),
+            LaunchError::NotActive(_)
+            | LaunchError::NotLaunched(_)
+            | LaunchError::NotResumable(_) => ApiError::Conflict {
+                field: None,
+                message: e.to_string(),
             },
-            IngestError::Store(e) => e.into(),
+            LaunchError::Store(s) => s.into(),
+            LaunchError::Io(io) => ApiError::Internal(io.into()),
         }
     }
 }
@@ -337,6 +356,13 @@ impl From<crate::search::SearchOrStoreError> for ApiError {
     fn from(e: crate::search::SearchOrStoreError) -> Self {
         match e {
             crate::search::SearchOrStoreError::Search(e) => e.into(),
+            // A value the store refuses during a search (a cursor) came from the query string.
+            crate::search::SearchOrStoreError::Store(StoreError::Invalid { field, message }) => {
+                ApiError::BadRequest {
+                    field: Some(field.to_string()),
+                    message: format!("{field}: {message}"),
+                }
+            }
             crate::search::SearchOrStoreError::Store(e) => e.into(),
         }
     }

@@ -35,7 +35,23 @@ pub const SET_BY_LAUNCHER: &[&str] = &[
     "TRAINYARD_ATTEMPT",
     "TRAINYARD_TOKEN",
     "CUDA_VISIBLE_DEVICES",
+    CPU_THREADS_VAR,
 ];
+
+/// Read by the trainer when `training.threads` is 0: a CPU run's share of the cores.
+pub use trainer::train::device::CPU_THREADS_VAR;
+
+/// The threads each CPU run gets when its config leaves `training.threads` at 0: the cores
+/// divided evenly among the CPU slots (at least one), so concurrent CPU runs do not each start
+/// a thread per core and slow each other down.
+pub fn cpu_threads_per_slot(cores: usize, cpu_slots: usize) -> usize {
+    (cores / cpu_slots.max(1)).max(1)
+}
+
+/// This machine's cores, as the trainer counts them.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 fn passed(name: &OsStr) -> bool {
     let Some(name) = name.to_str() else {
@@ -82,6 +98,7 @@ mod tests {
             ("TRAINYARD_TOKEN", "s3cret"),
             ("TRAINYARD_DATA_DIR", "/srv"),
             ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+            ("TRAINYARD_CPU_THREADS", "64"),
             ("AWS_SECRET_ACCESS_KEY", "k"),
         ]);
         let mut names: Vec<String> = inherited(server)
@@ -100,5 +117,24 @@ mod tests {
                 "RUST_LOG"
             ]
         );
+    }
+
+    #[test]
+    fn cpu_slots_share_the_cores_and_each_gets_at_least_one() {
+        let cases = [
+            (16, 2, 8),
+            (16, 3, 5),
+            (2, 2, 1),
+            (1, 4, 1),
+            (8, 1, 8),
+            (8, 0, 8),
+        ];
+        for (cores, slots, each) in cases {
+            assert_eq!(
+                cpu_threads_per_slot(cores, slots),
+                each,
+                "{cores} cores, {slots} slots"
+            );
+        }
     }
 }

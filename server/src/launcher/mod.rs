@@ -93,6 +93,10 @@ pub enum LaunchError {
     NothingToRun,
     #[error("run `{0}` is not queued or running")]
     NotActive(String),
+    #[error("run `{0}` was not launched by this server, so it cannot be resumed here; resume it where it runs, with `trainyard train --resume`")]
+    NotLaunched(String),
+    #[error("this run cannot be resumed: {0}")]
+    NotResumable(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("launcher I/O: {0}")]
@@ -177,7 +181,13 @@ impl Launcher {
             None => gpus::discover(),
         };
         let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
-        tracing::info!(gpus = ?indices, cpu_slots = settings.cpu_slots, "launcher inventory");
+        let gpu_list: Vec<String> = indices.iter().map(u32::to_string).collect();
+        let gpu_list = if gpu_list.is_empty() {
+            "none".to_string()
+        } else {
+            gpu_list.join(",")
+        };
+        tracing::info!(gpus = %gpu_list, cpu_slots = settings.cpu_slots, "launcher inventory");
         let sched = Scheduler::new(&indices, settings.cpu_slots);
         Launcher {
             inner: Arc::new(Inner {
@@ -223,6 +233,11 @@ impl Launcher {
         &self.inner.settings.data_dir
     }
 
+    /// A run's working directory (logs, checkpoints, launch record).
+    pub fn run_dir(&self, run_id: &str) -> PathBuf {
+        self.inner.run_dir(run_id)
+    }
+
     pub fn log_path(&self, run_id: &str) -> PathBuf {
         self.inner.run_dir(run_id).join(process::LOG_FILE)
     }
@@ -236,14 +251,15 @@ impl Launcher {
         if spec.command.is_none() && spec.config.is_none() {
             return Err(LaunchError::NothingToRun);
         }
-        let available = if spec.gpus == 0 {
-            0
-        } else {
-            self.inner.gpus.len()
-        };
-        if spec.gpus > available {
+        self.check_gpus(spec.gpus)
+    }
+
+    /// Whether this server has `gpus` GPUs (0 asks for a CPU slot).
+    fn check_gpus(&self, gpus: usize) -> Result<(), LaunchError> {
+        let available = if gpus == 0 { 0 } else { self.inner.gpus.len() };
+        if gpus > available {
             return Err(LaunchError::TooManyGpus {
-                requested: spec.gpus,
+                requested: gpus,
                 available,
             });
         }
@@ -267,6 +283,8 @@ impl Launcher {
             attempts: 0,
             process: None,
             first_started_at_ms: None,
+            resume_from: None,
+            attempts_before_resume: 0,
         };
         let config = spec.config;
         let dir2 = dir.clone();
@@ -304,7 +322,7 @@ impl Launcher {
 
     /// Stops a queued run at once, or asks a running one to stop (SIGTERM, SIGKILL after the
     /// grace period).
-    #[tracing::instrument(skip(self))]
+    #[tracing::instrument(skip_all, fields(run = %run_id))]
     pub async fn stop(&self, run_id: &str) -> Result<StopOutcome, LaunchError> {
         let dir = self.inner.run_dir(run_id);
         if !dir.join(process::LAUNCH_FILE).exists() {
@@ -340,6 +358,63 @@ impl Launcher {
             supervise::terminate(&self.inner, run_id, pgid, active.start_time);
         }
         Ok(StopOutcome::Stopping)
+    }
+
+    /// Puts an ended run that this server launched back in line, to continue from `checkpoint`
+    /// (a directory of its own) as a new attempt of the same run, on `gpus` GPUs (None: as
+    /// before). The run must have ended (finished, failed, stopped or lost).
+    #[tracing::instrument(skip(self))]
+    pub async fn resume(
+        &self,
+        run_id: &str,
+        checkpoint: PathBuf,
+        step: u64,
+        gpus: Option<usize>,
+    ) -> Result<Run, LaunchError> {
+        let dir = self.inner.run_dir(run_id);
+        let mut record =
+            LaunchRecord::load(&dir).map_err(|_| LaunchError::NotLaunched(run_id.to_string()))?;
+        if record.command.is_some() {
+            return Err(LaunchError::NotResumable(
+                "it runs a custom command, whose checkpoints this server does not know".into(),
+            ));
+        }
+        let gpus = gpus.unwrap_or(record.gpus_requested);
+        self.check_gpus(gpus)?;
+        let status = self.inner.store.get_run(run_id).await?.status;
+        if !(status.is_terminal() || status == RunStatus::Lost) {
+            return Err(LaunchError::NotResumable(format!(
+                "it is {status}; only a finished, failed, stopped or lost run can be resumed"
+            )));
+        }
+        record.resume_from = Some(checkpoint);
+        record.attempts_before_resume = record.attempts;
+        record.gpus_requested = gpus;
+        record.process = None;
+        let _ = std::fs::remove_file(dir.join(STOP_FILE));
+        record.save(&dir)?;
+        self.inner
+            .hooks
+            .set_status(
+                run_id,
+                RunStatus::Queued,
+                &format!("resume from step {step} requested"),
+                None,
+            )
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        self.inner.state().sched.enqueue(run_id.to_string(), gpus);
+        self.inner.wake.notify_one();
+        Ok(self.inner.store.get_run(run_id).await?)
+    }
+
+    /// Whether this server launched the run (then it supervises its process, or re-adopts it
+    /// after a restart).
+    pub fn is_launched(&self, run_id: &str) -> bool {
+        self.inner
+            .run_dir(run_id)
+            .join(process::LAUNCH_FILE)
+            .exists()
     }
 
     /// Run ids waiting in the queue, oldest first.

@@ -36,6 +36,13 @@ pub struct LaunchRecord {
     /// Unix ms of the first attempt's start (step 0 of the `sys/...` series).
     #[serde(default)]
     pub first_started_at_ms: Option<i64>,
+    /// The checkpoint directory the next attempt resumes from (a user's resume request);
+    /// taken by that attempt. Without it a restart resumes from the latest checkpoint.
+    #[serde(default)]
+    pub resume_from: Option<PathBuf>,
+    /// Attempts before the latest resume request: each resume gets the whole restart budget.
+    #[serde(default)]
+    pub attempts_before_resume: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -202,6 +209,8 @@ pub struct SpawnSpec<'a> {
     pub server_url: &'a str,
     pub token: Option<&'a str>,
     pub attempt: u32,
+    /// The server's CPU slots: a CPU run gets its share of the cores.
+    pub cpu_slots: usize,
 }
 
 /// The trainer's argv for a run (resuming from its latest checkpoint after the first attempt).
@@ -210,7 +219,7 @@ pub fn trainer_argv(
     run_dir: &Path,
     server_url: &str,
     run_id: &str,
-    resume: bool,
+    resume: Option<&Path>,
 ) -> Vec<String> {
     let mut argv = vec![
         bin.display().to_string(),
@@ -224,8 +233,8 @@ pub fn trainer_argv(
         "--run-id".to_string(),
         run_id.to_string(),
     ];
-    if resume {
-        argv.extend(["--resume".to_string(), "latest".to_string()]);
+    if let Some(checkpoint) = resume {
+        argv.extend(["--resume".to_string(), checkpoint.display().to_string()]);
     }
     argv
 }
@@ -264,6 +273,10 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<(tokio::process::Child, Pr
     // its metrics and status with it); a server without one hands out nothing.
     if let Some(token) = spec.token {
         cmd.env("TRAINYARD_TOKEN", token);
+    }
+    if spec.assignment.is_cpu() {
+        let threads = super::env::cpu_threads_per_slot(super::env::cores(), spec.cpu_slots);
+        cmd.env(super::env::CPU_THREADS_VAR, threads.to_string());
     }
     let child = cmd.spawn()?;
     let pid = child
@@ -339,6 +352,8 @@ mod tests {
                 started_at_ms: 5,
             }),
             first_started_at_ms: Some(5),
+            resume_from: Some(dir.path().join("checkpoints/step-000010")),
+            attempts_before_resume: 1,
         };
         rec.save(dir.path()).unwrap();
         assert_eq!(LaunchRecord::load(dir.path()).unwrap(), rec);

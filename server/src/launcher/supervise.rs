@@ -12,7 +12,7 @@ use trainer::wire::MetricsLine;
 /// The trainer's own record of every step (written before the step is sent).
 const METRICS_FILE: &str = "metrics.jsonl";
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +53,19 @@ pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
     }
 }
 
+/// How the process ended, for a run whose trainer already reported its own final status.
+async fn record_exit(inner: &Inner, run_id: &str, exit: ExitInfo) {
+    if let Err(e) = inner.store.set_exit(run_id, Some(exit)).await {
+        tracing::warn!(run = %run_id, error = %e, "could not record how the process ended");
+    }
+}
+
+async fn record_exit_cleared(inner: &Inner, run_id: &str) {
+    if let Err(e) = inner.store.set_exit(run_id, None).await {
+        tracing::warn!(run = %run_id, error = %e, "could not clear the previous exit");
+    }
+}
+
 async fn record_status(
     inner: &Inner,
     run_id: &str,
@@ -67,7 +80,9 @@ async fn record_status(
 
 /// Supervises one run from its start (or re-adoption, when `adopted` is given) to its end,
 /// then gives its slots back.
-#[tracing::instrument(skip(inner, assignment, adopted))]
+// Only the run id goes into the span: the other arguments' debug forms (`Some(Sender { .. })`)
+// mean nothing in a log line.
+#[tracing::instrument(skip_all, fields(run = %run_id))]
 pub(crate) async fn supervise(
     inner: Arc<Inner>,
     run_id: String,
@@ -158,7 +173,9 @@ async fn supervise_attempts(
         if dir.join(STOP_FILE).exists() {
             // The trainer reports `stopped` itself after checkpointing; do not record it twice,
             // nor overrule an end it reported first (a terminal status is final).
-            if !current.is_some_and(RunStatus::is_terminal) {
+            if current.is_some_and(RunStatus::is_terminal) {
+                record_exit(inner, run_id, exit).await;
+            } else {
                 let reason = format!("stopped by user ({})", outcome.describe());
                 record_status(inner, run_id, RunStatus::Stopped, &reason, Some(exit)).await;
             }
@@ -167,7 +184,9 @@ async fn supervise_attempts(
         if outcome.success() {
             // The trainer may have reported its own terminal status (e.g. `stopped` after a
             // SIGTERM from elsewhere); a clean exit does not overrule it.
-            if !matches!(current, Some(s) if s.is_terminal()) {
+            if matches!(current, Some(s) if s.is_terminal()) {
+                record_exit(inner, run_id, exit).await;
+            } else {
                 record_status(
                     inner,
                     run_id,
@@ -183,13 +202,16 @@ async fn supervise_attempts(
             // The trainer reported the end of its training (final checkpoint written); a failure
             // while exiting afterwards neither undoes that nor calls for a relaunch.
             tracing::warn!(run = %run_id, outcome = %outcome.describe(), "the process failed after reporting `finished`");
+            record_exit(inner, run_id, exit).await;
             return;
         }
         let reason = match outcome {
             Outcome::Unknown => "lost".to_string(),
             _ => outcome.describe(),
         };
-        if record.attempts <= record.max_restarts {
+        if record.attempts - record.attempts_before_resume.min(record.attempts)
+            <= record.max_restarts
+        {
             let why = format!(
                 "restarting (attempt {} of {}) after: {reason}",
                 record.attempts + 1,
@@ -243,12 +265,23 @@ async fn start_attempt(
 ) -> std::io::Result<(ProcessRecord, Option<tokio::process::Child>)> {
     let dir = inner.run_dir(run_id);
     let server_url = inner.server_url.get().cloned().unwrap_or_default();
-    // Resume only from a checkpoint that exists: an attempt that died before its first save
-    // starts over instead of failing on `--resume latest`.
-    let resume = record.attempts > 0 && has_checkpoint(&dir);
+    // A user's resume names its checkpoint; a restart resumes from the latest one, and only
+    // from one that exists: an attempt that died before its first save starts over.
+    let requested = record.resume_from.take();
+    let resume = requested.clone().or_else(|| {
+        (record.attempts > 0)
+            .then(|| latest_checkpoint(&dir))
+            .flatten()
+    });
     let argv = match &record.command {
         Some(cmd) => cmd.clone(),
-        None => process::trainer_argv(&inner.trainer_bin(), &dir, &server_url, run_id, resume),
+        None => process::trainer_argv(
+            &inner.trainer_bin(),
+            &dir,
+            &server_url,
+            run_id,
+            resume.as_deref(),
+        ),
     };
     record.attempts += 1;
     if record.attempts > 1 {
@@ -267,6 +300,7 @@ async fn start_attempt(
         server_url: &server_url,
         token: inner.token.as_deref(),
         attempt: record.attempts,
+        cpu_slots: inner.settings.cpu_slots,
     };
     let (child, proc_rec) = process::spawn(&spec)?;
     // Visible to `stop` before anyone can see the run as `running`.
@@ -281,11 +315,25 @@ async fn start_attempt(
     } else {
         format!("GPU {}", assignment.cuda_visible_devices())
     };
-    let reason = match (record.attempts, resume) {
-        (1, _) => format!("launched on {place} (pid {})", proc_rec.pid),
-        (n, true) => format!("relaunched with --resume latest on {place} (attempt {n})"),
-        (n, false) => format!("relaunched from the start on {place} (attempt {n})"),
+    let from = |dir: &Path| {
+        dir.file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default()
     };
+    let reason = match (record.attempts, &requested, &resume) {
+        (n, Some(dir), _) => format!(
+            "resumed from checkpoint {} on {place} (attempt {n})",
+            from(dir)
+        ),
+        (1, None, _) => format!("launched on {place} (pid {})", proc_rec.pid),
+        (n, None, Some(dir)) => format!(
+            "relaunched from its latest checkpoint {} on {place} (attempt {n})",
+            from(dir)
+        ),
+        (n, None, None) => format!("relaunched from the start on {place} (attempt {n})"),
+    };
+    // The previous attempt's exit belongs to its event; this attempt has not ended.
+    record_exit_cleared(inner, run_id).await;
     record_status(inner, run_id, RunStatus::Running, &reason, None).await;
     let tags = BTreeMap::from([(
         "trainyard.attempts".to_string(),
@@ -367,10 +415,10 @@ async fn watch(
     outcome
 }
 
-fn has_checkpoint(run_dir: &Path) -> bool {
-    std::fs::read_dir(run_dir.join("checkpoints"))
-        .map(|mut entries| entries.next().is_some())
-        .unwrap_or(false)
+/// The newest step checkpoint of the run, if it has one.
+fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
+    let latest = crate::checkpoints::resolve(run_dir, &crate::checkpoints::ResumePoint::Latest);
+    latest.ok().map(|(_, dir)| dir)
 }
 
 fn set_active(inner: &Inner, run_id: &str, proc_rec: &ProcessRecord) {

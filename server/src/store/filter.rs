@@ -239,9 +239,45 @@ impl Filter {
         &self.expr
     }
 
+    /// The param and metric keys the filter names, each once, in order of appearance.
+    pub fn keys(&self) -> Vec<(super::KeyKind, &str)> {
+        fn walk<'a>(expr: &'a Expr, out: &mut Vec<(super::KeyKind, &'a str)>) {
+            match expr {
+                Expr::And(a, b) | Expr::Or(a, b) => {
+                    walk(a, out);
+                    walk(b, out);
+                }
+                Expr::Not(e) => walk(e, out),
+                Expr::Cond(c) => {
+                    let key = match &c.field {
+                        Field::Param(k) => (super::KeyKind::Param, k.as_str()),
+                        Field::Metric(k) => (super::KeyKind::Metric, k.as_str()),
+                        Field::Tag(_) | Field::Attribute(_) => return,
+                    };
+                    if !out.contains(&key) {
+                        out.push(key);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.expr, &mut out);
+        out
+    }
+
     /// Appends the filter as one parenthesized boolean condition on `runs r`.
     pub fn push(&self, sql: &mut crate::store::sql::Sql, dialect: crate::store::sql::Dialect) {
         render::push(&self.expr, &mut render::Out { sql, dialect });
+    }
+}
+
+/// A param or metric key as a filter writes it: `params.<key>`, in backquotes (a backquote
+/// doubled) when it holds a character a bare key cannot.
+pub fn written_key(kind: super::KeyKind, key: &str) -> String {
+    if !key.is_empty() && key.chars().all(lexer::is_key_char) {
+        format!("{}.{key}", kind.prefix())
+    } else {
+        format!("{}.`{}`", kind.prefix(), key.replace('`', "``"))
     }
 }
 

@@ -1,4 +1,4 @@
-//! Preparing a metric batch for either backend: validation, de-duplication, and what the
+//! Preparing a metric batch for either backend: the one check, de-duplication, and what the
 //! newly inserted points change in their series and rollups.
 
 use super::{StoreError, StoreResult};
@@ -25,44 +25,16 @@ pub struct Batch {
     pub keys: Vec<String>,
 }
 
-/// Checks and deduplicates a batch; a bad point is a client error, never a database one.
+/// Checks a batch against `validate::points` (a bad point is a client error, never a database
+/// one) and sets repeats aside.
 pub fn prepare_batch(points: &[super::MetricPoint], now_ms: i64) -> StoreResult<Batch> {
-    if points.len() > super::MAX_POINTS_PER_BATCH {
-        return Err(StoreError::Invalid {
-            field: "points",
-            message: format!(
-                "{} points in one batch; at most {} are accepted",
-                points.len(),
-                super::MAX_POINTS_PER_BATCH
-            ),
-        });
-    }
+    crate::validate::points::check_points(points).map_err(StoreError::Rejected)?;
     let mut seen = std::collections::HashSet::with_capacity(points.len());
     let mut keys = Vec::new();
     let mut key_seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(points.len());
     let mut repeats = Vec::new();
     for (i, p) in points.iter().enumerate() {
-        let bad = |message: String| StoreError::Invalid {
-            field: "points",
-            message: format!("point {i}: {message}"),
-        };
-        if p.key.is_empty() {
-            return Err(bad("key must not be empty".into()));
-        }
-        if p.key.contains('\0') {
-            return Err(bad("key must not contain NUL characters".into()));
-        }
-        if !(0..=super::MAX_STEP).contains(&p.step) {
-            return Err(bad(format!(
-                "step must be from 0 to {}, got {}",
-                super::MAX_STEP,
-                p.step
-            )));
-        }
-        if !p.value.is_finite() {
-            return Err(bad(format!("value must be finite, got {}", p.value)));
-        }
         let point = BatchPoint {
             index: i,
             key: p.key.clone(),

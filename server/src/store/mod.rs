@@ -129,6 +129,15 @@ pub struct Conflict {
     pub sent_value: f64,
 }
 
+/// The extremes of one run's metric.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricExtremes {
+    pub run_id: String,
+    pub key: String,
+    pub min: f64,
+    pub max: f64,
+}
+
 /// What `append_points` did with a batch.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Appended {
@@ -164,6 +173,26 @@ pub struct MetricKey {
     pub last_step: i64,
     pub last_value: f64,
 }
+
+/// The two kinds of run keys a search can name (`params.<key>`, `metrics.<key>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    Param,
+    Metric,
+}
+
+impl KeyKind {
+    /// The prefix a search writes before the key.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            KeyKind::Param => "params",
+            KeyKind::Metric => "metrics",
+        }
+    }
+}
+
+/// Most keys of one kind `Store::known_keys` returns.
+pub const MAX_KNOWN_KEYS: usize = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SortDir {
@@ -220,6 +249,9 @@ pub enum StoreError {
         field: &'static str,
         message: String,
     },
+    /// A value that breaks one of the rules in `crate::validate` (a metric batch's points).
+    #[error("{}: {}", .0.field, .0.message)]
+    Rejected(crate::validate::Invalid),
     /// The database has no room for the write (its disk is full); nothing of it was stored.
     #[error("the database is out of disk space")]
     StorageFull(#[source] sqlx::Error),
@@ -307,7 +339,25 @@ pub trait Store: Send + Sync + 'static {
         reason: Option<&str>,
         exit: Option<ExitInfo>,
     ) -> StoreResult<RunEvent>;
+    /// Replaces the run's exit information (None clears it) without a status change: the
+    /// launcher records how a process ended after the trainer reported its own status.
+    async fn set_exit(&self, id: &str, exit: Option<ExitInfo>) -> StoreResult<()>;
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage>;
+    /// Whether some run (of the experiment, when given) has this param, or a point of this
+    /// metric.
+    async fn has_key(
+        &self,
+        kind: KeyKind,
+        key: &str,
+        experiment_id: Option<&str>,
+    ) -> StoreResult<bool>;
+    /// Every key of the kind some run (of the experiment, when given) has, in order; at most
+    /// `MAX_KNOWN_KEYS`.
+    async fn known_keys(
+        &self,
+        kind: KeyKind,
+        experiment_id: Option<&str>,
+    ) -> StoreResult<Vec<String>>;
 
     /// One transaction; idempotent on (run, key, step) (first value wins). Points must already
     /// be validated (finite values, step in 0..=MAX_STEP, non-empty keys). Returns the points
@@ -319,6 +369,13 @@ pub trait Store: Send + Sync + 'static {
         now_ms: i64,
     ) -> StoreResult<Appended>;
     async fn metric_keys(&self, run_id: &str) -> StoreResult<Vec<MetricKey>>;
+    /// The lowest and highest stored value of each of `keys` in each of `run_ids` (absent
+    /// pairs are left out). Meant for evaluation metrics, which have few points.
+    async fn metric_extremes(
+        &self,
+        run_ids: &[String],
+        keys: &[String],
+    ) -> StoreResult<Vec<MetricExtremes>>;
     /// `max_points >= 2`; inclusive step bounds.
     async fn read_series(
         &self,

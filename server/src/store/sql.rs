@@ -121,6 +121,47 @@ impl Sql {
         self
     }
 
+    /// The statement with anonymous `?` parameters, its arguments in the order they appear
+    /// (repeated where a `$n` is used twice), for SQLite. SQLite binds `?` in order at no
+    /// cost, but sqlx looks every numbered parameter up by name and SQLite's name lookup is a
+    /// linear search, so a batch insert of 2,500 `$n` parameters spent most of its time there
+    /// (63% of SQLite ingest in a profile, ten times slower than with `?`). Quoted text and
+    /// identifiers are left alone.
+    pub fn positional(self) -> (String, Vec<Arg>) {
+        let mut text = String::with_capacity(self.text.len());
+        let mut args = Vec::with_capacity(self.args.len());
+        let mut quote: Option<char> = None;
+        let mut chars = self.text.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (None, '\'' | '"') => quote = Some(c),
+                (None, '$') => {
+                    let digits: String = self.text[i + 1..]
+                        .chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect();
+                    let arg = digits
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|n| n.checked_sub(1))
+                        .and_then(|n| self.args.get(n));
+                    if let Some(arg) = arg {
+                        text.push('?');
+                        args.push(arg.clone());
+                        for _ in 0..digits.len() {
+                            chars.next();
+                        }
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+            text.push(c);
+        }
+        (text, args)
+    }
+
     /// Appends text.
     pub fn push(&mut self, text: &str) -> &mut Sql {
         self.text.push_str(text);
@@ -221,15 +262,17 @@ pub enum Conn {
 
 impl Conn {
     pub async fn fetch_all(&mut self, q: Sql) -> Result<Vec<Row>, sqlx::Error> {
-        let Sql { text, args } = q;
         Ok(match self {
-            Conn::Sqlite(c) => bind_all(sqlx::query(&text), args)
-                .fetch_all(&mut **c)
-                .await?
-                .into_iter()
-                .map(Row::Sqlite)
-                .collect(),
-            Conn::Postgres(c) => bind_all(sqlx::query(&text), args)
+            Conn::Sqlite(c) => {
+                let (text, args) = q.positional();
+                bind_all(sqlx::query(&text), args)
+                    .fetch_all(&mut **c)
+                    .await?
+                    .into_iter()
+                    .map(Row::Sqlite)
+                    .collect()
+            }
+            Conn::Postgres(c) => bind_all(sqlx::query(&q.text), q.args)
                 .fetch_all(&mut **c)
                 .await?
                 .into_iter()
@@ -239,13 +282,15 @@ impl Conn {
     }
 
     pub async fn fetch_optional(&mut self, q: Sql) -> Result<Option<Row>, sqlx::Error> {
-        let Sql { text, args } = q;
         Ok(match self {
-            Conn::Sqlite(c) => bind_all(sqlx::query(&text), args)
-                .fetch_optional(&mut **c)
-                .await?
-                .map(Row::Sqlite),
-            Conn::Postgres(c) => bind_all(sqlx::query(&text), args)
+            Conn::Sqlite(c) => {
+                let (text, args) = q.positional();
+                bind_all(sqlx::query(&text), args)
+                    .fetch_optional(&mut **c)
+                    .await?
+                    .map(Row::Sqlite)
+            }
+            Conn::Postgres(c) => bind_all(sqlx::query(&q.text), q.args)
                 .fetch_optional(&mut **c)
                 .await?
                 .map(Row::Postgres),
@@ -260,13 +305,15 @@ impl Conn {
 
     /// Runs a statement; returns the rows it affected.
     pub async fn execute(&mut self, q: Sql) -> Result<u64, sqlx::Error> {
-        let Sql { text, args } = q;
         Ok(match self {
-            Conn::Sqlite(c) => bind_all(sqlx::query(&text), args)
-                .execute(&mut **c)
-                .await?
-                .rows_affected(),
-            Conn::Postgres(c) => bind_all(sqlx::query(&text), args)
+            Conn::Sqlite(c) => {
+                let (text, args) = q.positional();
+                bind_all(sqlx::query(&text), args)
+                    .execute(&mut **c)
+                    .await?
+                    .rows_affected()
+            }
+            Conn::Postgres(c) => bind_all(sqlx::query(&q.text), q.args)
                 .execute(&mut **c)
                 .await?
                 .rows_affected(),
@@ -429,5 +476,27 @@ pub fn unavailable(e: sqlx::Error) -> StoreError {
     match StoreError::from(e) {
         StoreError::Database(e) => StoreError::Unavailable(e),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_parameters_become_positional_ones_in_the_order_they_appear() {
+        let q = Sql::new("SELECT $2, '$1 and ''$2''', \"a$1\", $1, $2, $10")
+            .bind(1i64)
+            .bind("b");
+        let (text, args) = q.positional();
+        assert_eq!(text, "SELECT ?, '$1 and ''$2''', \"a$1\", ?, ?, $10");
+        assert_eq!(
+            args,
+            vec![
+                Arg::Text(Some("b".into())),
+                Arg::Int(Some(1)),
+                Arg::Text(Some("b".into()))
+            ]
+        );
     }
 }

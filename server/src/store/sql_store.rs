@@ -7,11 +7,12 @@ use async_trait::async_trait;
 
 use super::sql::{self, Conn, Dialect, Sql, Tx, WriteHealth};
 use super::{
-    postgres, sqlite, Appended, ExitInfo, Experiment, MetricKey, MetricPoint, NewRun, Run,
-    RunEvent, RunPage, RunQuery, RunStatus, RunUpdate, Series, Store, StoreError, StoreResult,
-    StoredPoint,
+    postgres, sqlite, Appended, ExitInfo, Experiment, KeyKind, MetricExtremes, MetricKey,
+    MetricPoint, NewRun, Run, RunEvent, RunPage, RunQuery, RunStatus, RunUpdate, Series, Store,
+    StoreError, StoreResult, StoredPoint,
 };
 
+mod keys;
 mod metrics;
 mod runs;
 
@@ -164,8 +165,29 @@ impl Store for SqlStore {
         self.change_status(id, status, reason, exit).await
     }
 
+    async fn set_exit(&self, id: &str, exit: Option<ExitInfo>) -> StoreResult<()> {
+        self.replace_exit(id, exit).await
+    }
+
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage> {
         self.search(query).await
+    }
+
+    async fn has_key(
+        &self,
+        kind: KeyKind,
+        key: &str,
+        experiment_id: Option<&str>,
+    ) -> StoreResult<bool> {
+        self.key_exists(kind, key, experiment_id).await
+    }
+
+    async fn known_keys(
+        &self,
+        kind: KeyKind,
+        experiment_id: Option<&str>,
+    ) -> StoreResult<Vec<String>> {
+        self.keys_known(kind, experiment_id).await
     }
 
     async fn append_points(
@@ -183,6 +205,14 @@ impl Store for SqlStore {
 
     async fn metric_keys(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
         self.keys_of(run_id).await
+    }
+
+    async fn metric_extremes(
+        &self,
+        run_ids: &[String],
+        keys: &[String],
+    ) -> StoreResult<Vec<MetricExtremes>> {
+        self.extremes_of(run_ids, keys).await
     }
 
     async fn read_series(

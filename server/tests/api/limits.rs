@@ -131,8 +131,8 @@ async fn over_deep_or_over_large_launch_configs_are_refused_naming_config_and_th
         let response = app.post_json("/api/v1/runs", &body).await;
         let error = assert_error(
             response,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unprocessable",
             Some("config"),
         )
         .await;
@@ -148,8 +148,8 @@ async fn over_deep_or_over_large_launch_configs_are_refused_naming_config_and_th
     let response = app.post_json("/api/v1/runs", &body).await;
     assert_error(
         response,
-        StatusCode::BAD_REQUEST,
-        "bad_request",
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unprocessable",
         Some("overrides.training.max_steps"),
     )
     .await;
@@ -166,8 +166,8 @@ async fn the_server_answers_healthz_while_deeply_nested_configs_are_in_flight(ap
     for response in refused {
         assert_error(
             response,
-            StatusCode::BAD_REQUEST,
-            "bad_request",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unprocessable",
             Some("config"),
         )
         .await;

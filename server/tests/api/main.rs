@@ -9,13 +9,17 @@ mod helpers;
 mod kit;
 
 mod auth;
+mod charts;
 mod cli;
 mod errors;
 mod events;
 mod experiments;
 mod experts;
 mod exposure;
+mod launch_paths;
 mod limits;
+mod liveness;
 mod metrics;
 mod openapi;
 mod runs;
+mod search_keys;

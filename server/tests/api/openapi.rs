@@ -23,6 +23,9 @@ async fn the_openapi_document_lists_every_endpoint() {
         ("/api/v1/runs/{id}/metric-keys", "get"),
         ("/api/v1/runs/{id}/events", "get"),
         ("/api/v1/events", "get"),
+        ("/api/v1/runs/{id}/charts", "get"),
+        ("/api/v1/runs/{id}/charts/{file}", "get"),
+        ("/api/v1/charts/{file}", "get"),
         ("/healthz", "get"),
     ];
     for (path, method) in expected {
@@ -63,6 +66,57 @@ async fn the_openapi_document_lists_every_endpoint() {
             params.contains(&name),
             "search parameter {name} missing: {params:?}"
         );
+    }
+}
+
+#[tokio::test]
+async fn the_chart_routes_document_every_query_parameter_they_read() {
+    let app = spawn_app().await;
+    let doc: Value = app.get_json("/api/v1/openapi.json").await;
+    let names = |path: &str| -> Vec<String> {
+        doc["paths"][path]["get"]["parameters"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{path} has no parameters"))
+            .iter()
+            .filter_map(|p| p["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    let chart = [
+        "width",
+        "height",
+        "max_points",
+        "start_step",
+        "end_step",
+        "log",
+    ];
+    let run = names("/api/v1/runs/{id}/charts/{file}");
+    for name in chart.iter().chain(&["id", "file"]) {
+        assert!(
+            run.iter().any(|n| n == name),
+            "run chart: {name} missing from {run:?}"
+        );
+    }
+    let compare = names("/api/v1/charts/{file}");
+    for name in chart.iter().chain(&["file", "runs", "key"]) {
+        assert!(
+            compare.iter().any(|n| n == name),
+            "compare chart: {name} missing from {compare:?}"
+        );
+    }
+    let width = doc["paths"]["/api/v1/runs/{id}/charts/{file}"]["get"]["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "width"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(width["schema"]["maximum"], 4000, "{width}");
+    // Every documented parameter is handled: bad values are 400s naming the parameter.
+    let run_id = app.create_run("charts").await;
+    for name in chart {
+        let url = format!("/api/v1/runs/{run_id}/charts/train/loss.svg?{name}=nonsense");
+        let res = app.client.get(app.url(&url)).send().await.expect("get");
+        assert_eq!(res.status().as_u16(), 400, "{url}");
+        let body: Value = res.json().await.expect("error body");
+        assert_eq!(body["error"]["field"], name, "{url}: {body}");
     }
 }
 

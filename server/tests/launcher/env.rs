@@ -53,8 +53,13 @@ async fn assert_no_server_secrets_reach_the_run(data: &Path, database_url: &str)
         ("TRAINYARD_TOKEN", "a-client-token-of-the-operator"),
         ("AWS_SECRET_ACCESS_KEY", "not-for-runs"),
         ("RUST_LOG", "info"),
+        ("TRAINYARD_CPU_THREADS", "999"),
     ];
     let (id, log) = printed_environment(data, &server_env, None).await;
+    // A CPU run gets its share of the cores: the server runs two CPU slots.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = format!("TRAINYARD_CPU_THREADS={}", (cores / 2).max(1));
+    assert!(log.lines().any(|l| l == share), "{share} missing:\n{log}");
     for name in ["DATABASE_URL", "TRAINYARD_TOKEN", "AWS_SECRET_ACCESS_KEY"] {
         assert!(!has_variable(&log, name), "{name} reached the run:\n{log}");
     }

@@ -83,7 +83,7 @@ async fn a_run_asking_for_more_gpus_than_exist_is_rejected_with_a_clear_error() 
     let app = spawn_app(&[0, 1], 1).await;
     let body = json!({"launch": true, "profile": "tiny", "resources": {"gpus": 3}});
     let (status, reply) = post(&app.client, &app.address, "/api/v1/runs", &body).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(reply["error"]["field"], "resources.gpus");
     let msg = reply["error"]["message"].as_str().unwrap();
     assert!(msg.contains("3 GPUs") && msg.contains("has 2"), "{msg}");
@@ -113,7 +113,7 @@ async fn launch_requests_with_config_mistakes_are_rejected_naming_the_key() {
     ];
     for (body, field) in cases {
         let (status, reply) = post(&app.client, &app.address, "/api/v1/runs", &body).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {reply}");
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body} → {reply}");
         assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
     }
     let runs = get(&app.client, &app.address, "/api/v1/runs").await;

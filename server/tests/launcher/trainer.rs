@@ -178,3 +178,116 @@ async fn a_training_run_survives_a_server_sigkill_and_no_metric_step_is_missing(
     server.child.kill().unwrap();
     server.child.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run_on_sqlite() {
+    a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run(&spawn_app(&[], 1).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run_on_postgres() {
+    let db = crate::kit::ScratchDb::create("trainyard_resume").await;
+    let url = db.url.clone();
+    let app = spawn_app_with(&[], 1, |s| s.database_url = Some(url)).await;
+    a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run(&app).await;
+    drop(db);
+}
+
+/// Stop, list checkpoints, a refused resume, a resume from the latest, sampling: one scenario
+/// on the same series of the same run.
+async fn a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run(app: &TestApp) {
+    let id = launch(&app.client, &app.address, tiny(1000, 0, 0)).await;
+    wait_for(
+        &app.client,
+        &app.address,
+        &id,
+        Duration::from_secs(300),
+        |r| loss_step(r) >= 10,
+    )
+    .await;
+    let path = format!("/api/v1/runs/{id}/stop");
+    post(&app.client, &app.address, &path, &json!({})).await;
+    let stopped = wait_terminal(&app.client, &app.address, &id).await;
+    assert_eq!(stopped["status"], "stopped", "{stopped:#}");
+    let stopped_at = loss_step(&stopped);
+    let listed = get(
+        &app.client,
+        &app.address,
+        &format!("/api/v1/runs/{id}/checkpoints"),
+    )
+    .await;
+    let latest = listed["checkpoints"]
+        .as_array()
+        .and_then(|c| c.last())
+        .and_then(|c| c["step"].as_i64())
+        .expect("stop leaves a checkpoint");
+    // A step it does not have is refused, naming the steps it has.
+    let (status, reply) = post(
+        &app.client,
+        &app.address,
+        &format!("/api/v1/runs/{id}/resume"),
+        &json!({"from": 999_999}),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    assert_eq!(reply["error"]["field"], "from");
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(&latest.to_string()));
+    let (status, reply) = post(
+        &app.client,
+        &app.address,
+        &format!("/api/v1/runs/{id}/resume"),
+        &json!({"from": "latest"}),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{reply}");
+    assert_eq!(reply["id"], id.as_str(), "the same run goes on");
+    let run = wait_terminal(&app.client, &app.address, &id).await;
+    assert_eq!(run["status"], "finished", "{run:#}");
+    assert_eq!(run["tags"]["trainyard.attempts"], "2");
+    assert!(loss_step(&run) > stopped_at);
+    // One series from the first step to the last, without a gap at the resume.
+    assert_continuous(&app.client, &app.address, &id, 1000).await;
+    // Any listed checkpoint samples text, saying which one it used.
+    let name = format!("step-{latest:06}");
+    let (status, sample) = post(
+        &app.client,
+        &app.address,
+        &format!("/api/v1/runs/{id}/checkpoints/{name}/sample"),
+        &json!({"prompt": "The", "max_new_tokens": 8, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{sample}");
+    assert_eq!(sample["checkpoint"], name.as_str());
+    assert_eq!(sample["step"], latest);
+    assert!(!sample["text"].as_str().unwrap_or_default().is_empty());
+    let (status, refused) = post(
+        &app.client,
+        &app.address,
+        &format!("/api/v1/runs/{id}/checkpoints/{name}/sample"),
+        &json!({"max_new_tokens": 100000}),
+    )
+    .await;
+    assert_eq!(
+        status,
+        reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+        "{refused}"
+    );
+    assert_eq!(refused["error"]["field"], "max_new_tokens");
+    // The attempt is recorded.
+    let page = app
+        .client
+        .get(format!("{}/runs/{id}", app.address))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("resumed from checkpoint step-{latest:06}")),
+        "the history shows the resume"
+    );
+}

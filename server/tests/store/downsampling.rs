@@ -247,7 +247,7 @@ pub async fn a_few_far_away_steps_leave_the_dense_part_its_resolution(store: Dyn
         )
         .await
         .expect_err("a step past MAX_STEP");
-    assert!(matches!(err, StoreError::Invalid { .. }), "{err:?}");
+    assert!(matches!(err, StoreError::Rejected(_)), "{err:?}");
     let keys = store.metric_keys(&id).await.expect("keys");
     assert_eq!(keys[0].count, 20_002);
 }

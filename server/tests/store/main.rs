@@ -64,6 +64,7 @@ both_backends!(
     metrics::the_latest_metric_is_the_highest_step_not_the_last_written,
     metrics::points_since_returns_later_points_in_seq_order,
     metrics::bad_points_are_rejected_as_invalid_and_nothing_is_stored,
+    metrics::the_extremes_of_each_runs_metrics_are_read_in_one_query,
     metrics::a_batch_mixing_new_and_stored_points_stores_only_the_new_ones,
     metrics::a_resent_point_with_another_value_is_reported_as_a_conflict,
     downsampling::a_series_within_the_budget_is_returned_whole,

@@ -185,11 +185,8 @@ pub async fn bad_points_are_rejected_as_invalid_and_nothing_is_stored(store: Dyn
             .await;
         assert!(
             matches!(
-                result,
-                Err(StoreError::Invalid {
-                    field: "points",
-                    ..
-                })
+                &result,
+                Err(StoreError::Rejected(invalid)) if invalid.field.starts_with("points[1].")
             ),
             "{what}: {result:?}"
         );
@@ -197,7 +194,7 @@ pub async fn bad_points_are_rejected_as_invalid_and_nothing_is_stored(store: Dyn
     let too_many: Vec<_> = (0..10_001).map(|s| pt("loss", s, 1.0)).collect();
     let result = store.append_points(&id, &too_many, 0).await;
     assert!(
-        matches!(result, Err(StoreError::Invalid { .. })),
+        matches!(&result, Err(StoreError::Rejected(invalid)) if invalid.field == "points"),
         "{result:?}"
     );
     assert!(store.metric_keys(&id).await.expect("keys").is_empty());
@@ -334,4 +331,53 @@ pub async fn a_resent_point_with_another_value_is_reported_as_a_conflict(store: 
     let mut expected: Vec<(i64, f64)> = (0..12).map(|s| (s, s as f64)).collect();
     expected.push((20, 1.0));
     assert_eq!(values, expected);
+}
+
+pub async fn the_extremes_of_each_runs_metrics_are_read_in_one_query(store: DynStore) {
+    let a = new_run(&store, "a").await;
+    let b = new_run(&store, "b").await;
+    store
+        .append_points(
+            &a,
+            &[
+                pt("val/loss", 1, 3.0),
+                pt("val/loss", 2, 1.5),
+                pt("val/loss", 3, 2.0),
+            ],
+            0,
+        )
+        .await
+        .expect("a");
+    store
+        .append_points(&b, &[pt("val/loss", 1, 4.0), pt("val/acc", 1, 0.25)], 0)
+        .await
+        .expect("b");
+    let mut got = store
+        .metric_extremes(
+            &[a.clone(), b.clone()],
+            &[
+                "val/loss".to_string(),
+                "val/acc".to_string(),
+                "missing".to_string(),
+            ],
+        )
+        .await
+        .expect("extremes");
+    got.sort_by(|x, y| (&x.run_id, &x.key).cmp(&(&y.run_id, &y.key)));
+    let mut want = vec![
+        (a.clone(), "val/loss", 1.5, 3.0),
+        (b.clone(), "val/acc", 0.25, 0.25),
+        (b.clone(), "val/loss", 4.0, 4.0),
+    ];
+    want.sort_by(|x, y| (&x.0, x.1).cmp(&(&y.0, y.1)));
+    let got: Vec<_> = got
+        .iter()
+        .map(|e| (e.run_id.clone(), e.key.as_str(), e.min, e.max))
+        .collect();
+    assert_eq!(got, want);
+    assert!(store
+        .metric_extremes(&[], &["val/loss".into()])
+        .await
+        .expect("none")
+        .is_empty());
 }

@@ -349,7 +349,10 @@ pub async fn text_the_database_cannot_hold_is_invalid_not_a_database_error(store
     ];
     for (what, result) in cases {
         assert!(
-            matches!(result, Err(StoreError::Invalid { .. })),
+            matches!(
+                result,
+                Err(StoreError::Invalid { .. } | StoreError::Rejected(_))
+            ),
             "{what}: {result:?}"
         );
     }

@@ -15,7 +15,7 @@ pub enum ConfigError {
     InvalidType { key: String, message: String },
     #[error("{key}: {message}")]
     InvalidValue { key: String, message: String },
-    #[error("--set {arg:?}: {message}")]
+    #[error("--set `{arg}`: {message}")]
     BadOverride { arg: String, message: String },
     #[error("YAML syntax error: {0}")]
     Syntax(String),
@@ -24,7 +24,7 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("unknown config {name:?}: not a file and not a profile (profiles: {profiles})")]
+    #[error("unknown config `{name}`: not a file and not a profile (profiles: {profiles})")]
     UnknownProfile { name: String, profiles: String },
 }
 

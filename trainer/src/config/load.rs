@@ -201,7 +201,7 @@ fn acronym(key: &str) -> String {
     key.split('_').filter_map(|w| w.chars().next()).collect()
 }
 
-fn leaf_paths(value: &Value, path: &str, out: &mut Vec<String>) {
+pub(crate) fn leaf_paths(value: &Value, path: &str, out: &mut Vec<String>) {
     match value {
         Value::Mapping(m) => {
             for (k, v) in m {
@@ -262,11 +262,25 @@ fn locate_type_error(value: &Value) -> Option<ConfigError> {
     None
 }
 
+/// A serde message in a reader's words: without the YAML position (the key path says where)
+/// and without Rust type names (`expected usize` becomes `expected a whole number (0 or more)`).
 pub(crate) fn strip_location(msg: &str) -> String {
-    match msg.find(" at line ") {
-        Some(i) => msg[..i].to_string(),
-        None => msg.to_string(),
+    let msg = match msg.find(" at line ") {
+        Some(i) => &msg[..i],
+        None => msg,
+    };
+    const TYPE_WORDS: &[(&str, &str)] = &[
+        ("expected usize", "expected a whole number (0 or more)"),
+        ("expected u64", "expected a whole number (0 or more)"),
+        ("expected u32", "expected a whole number (0 or more)"),
+        ("expected f64", "expected a number"),
+        ("expected a boolean", "expected true or false (a boolean)"),
+    ];
+    let mut out = msg.to_string();
+    for (rust, plain) in TYPE_WORDS {
+        out = out.replace(rust, plain);
     }
+    out
 }
 
 pub(crate) fn describe(v: &Value) -> String {
@@ -274,7 +288,7 @@ pub(crate) fn describe(v: &Value) -> String {
         Value::Null => "null".to_string(),
         Value::Bool(b) => format!("boolean {b}"),
         Value::Number(n) => format!("number {n}"),
-        Value::String(s) => format!("string {s:?}"),
+        Value::String(s) => format!("string \"{s}\""),
         Value::Sequence(_) => "a list".to_string(),
         Value::Mapping(_) => "a mapping".to_string(),
         Value::Tagged(_) => "a tagged value".to_string(),

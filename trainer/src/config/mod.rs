@@ -9,9 +9,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The network's shape.
     pub model: ModelConfig,
+    /// Optimization, evaluation, checkpoints and the device.
     pub training: TrainingConfig,
+    /// Where the text comes from and how it is cleaned, split and tokenized.
     pub data: DataConfig,
+    /// Console output and reporting to the tracking server.
     pub logging: LoggingConfig,
 }
 
@@ -27,7 +31,9 @@ pub enum PositionKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NormKind {
+    /// LayerNorm: subtract the mean, divide by the standard deviation, scale and shift.
     LayerNorm,
+    /// RMSNorm: divide by the root mean square and scale (LLaMA).
     RmsNorm,
 }
 
@@ -141,26 +147,37 @@ impl Default for MoeConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
+    /// Adam with decoupled weight decay.
     AdamW,
+    /// Stochastic gradient descent with (optionally Nesterov) momentum.
     Sgd,
+    /// Lion: the sign of an interpolated momentum (uses beta1, beta2).
     Lion,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LrSchedule {
+    /// Stay at learning_rate after warmup.
     Constant,
+    /// Straight line down to min_lr at max_steps.
     Linear,
+    /// Half a cosine down to min_lr at max_steps.
     Cosine,
+    /// (1 - progress)^lr_power down to min_lr.
     Polynomial,
+    /// Multiply by lr_gamma every step, never below min_lr.
     Exponential,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
+    /// Full single precision everywhere.
     F32,
+    /// bfloat16 matmuls with f32 master weights.
     Bf16,
+    /// TensorFloat-32 matmuls on CUDA (f32 on the CPU).
     Tf32,
 }
 
@@ -185,6 +202,7 @@ pub struct TrainingConfig {
     pub lr_power: f64,
     /// Per-step multiplicative factor of the exponential schedule.
     pub lr_gamma: f64,
+    /// The update rule.
     pub optimizer: OptimizerKind,
     /// AdamW/Lion beta1 (SGD ignores).
     pub beta1: f64,
@@ -206,7 +224,8 @@ pub struct TrainingConfig {
     pub seed: u64,
     /// `auto`, `cpu`, `cuda` or `cuda:N`.
     pub device: String,
-    /// CPU threads (0 = all cores).
+    /// CPU threads (0 = all cores, or a launched CPU run's share of them: the server divides
+    /// the cores among its CPU slots).
     pub threads: usize,
     /// Matmul precision: f32, bf16 (f32 master weights) or tf32.
     pub precision: Precision,
@@ -274,7 +293,8 @@ pub struct DataConfig {
     pub val_fraction: f64,
     /// Drop documents shorter than this many characters.
     pub min_length: usize,
-    /// Drop exact duplicate documents (by content hash).
+    /// Drop exact duplicate documents (by content hash, ignoring line endings, trailing spaces
+    /// and leading or trailing blank lines).
     pub dedup: bool,
     /// Drop near-duplicate documents (MinHash over word shingles).
     pub near_dedup: bool,
@@ -282,6 +302,8 @@ pub struct DataConfig {
     pub near_dedup_threshold: f64,
     /// Where token caches live (memory-mapped; keyed by data + tokenizer hash).
     pub cache_dir: String,
+    /// Line-level cleaning, applied to every document before the document filters.
+    pub line_filters: LineFilterConfig,
 }
 
 impl Default for DataConfig {
@@ -296,8 +318,25 @@ impl Default for DataConfig {
             near_dedup: false,
             near_dedup_threshold: 0.8,
             cache_dir: ".trainyard-cache".to_string(),
+            line_filters: LineFilterConfig::default(),
         }
     }
+}
+
+/// Line-level filters drop boilerplate lines inside documents (as web-text pipelines do) and
+/// count what they dropped; a document left without text is dropped. Blank lines are kept, so
+/// paragraphs stay apart. All are off by default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LineFilterConfig {
+    /// Drop lines with fewer than this many words (0 = off).
+    pub min_words: usize,
+    /// Drop lines without a single letter or digit (`-----`, `* * *`, `|||`).
+    pub symbol_lines: bool,
+    /// Drop navigation and boilerplate lines: menus of three or more short items separated by
+    /// `|`, `»`, `›`, `·`, `•` or ` > ` (breadcrumbs), and short lines such as "Skip to
+    /// content", "All rights reserved", "Privacy policy" or "Enable JavaScript".
+    pub boilerplate: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -309,8 +348,13 @@ pub struct LoggingConfig {
     pub moe_every: usize,
     /// Longest time metrics wait before being sent to the server, in milliseconds.
     pub flush_interval_ms: u64,
-    /// Progress bar: `auto` (on a terminal), `always` or `never`.
+    /// Progress bar: `auto` (on a terminal), `always` or `never`. The bar stays at the bottom;
+    /// a step line is still printed above it every log_every steps.
     pub progress: String,
+    /// Seconds between heartbeats to the tracking server while training with one. A server
+    /// marks a running run it has not heard from for `serve --lost-after-secs` (300 by default,
+    /// ten heartbeats) `lost`, so a killed trainer does not stay `running` forever.
+    pub heartbeat_interval_secs: u64,
 }
 
 impl Default for LoggingConfig {
@@ -320,6 +364,7 @@ impl Default for LoggingConfig {
             moe_every: 10,
             flush_interval_ms: 1000,
             progress: "auto".to_string(),
+            heartbeat_interval_secs: 30,
         }
     }
 }
@@ -327,6 +372,7 @@ impl Default for LoggingConfig {
 mod error;
 mod load;
 mod overrides;
+pub mod reference;
 mod validate;
 
 pub use error::ConfigError;

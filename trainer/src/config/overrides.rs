@@ -83,7 +83,7 @@ fn parse_value(field: &Value, raw: &str, key: &str) -> Result<Value, ConfigError
     serde_yaml_ng::from_str::<Value>(trimmed).map_err(|e| ConfigError::InvalidType {
         key: key.to_string(),
         message: format!(
-            "cannot parse {trimmed:?}: {}",
+            "cannot parse `{trimmed}`: {}",
             strip_location(&e.to_string())
         ),
     })

@@ -24,7 +24,7 @@ impl std::str::FromStr for DeviceSpec {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse::<usize>().ok())
                 .map(DeviceSpec::Cuda)
-                .ok_or_else(|| format!("expected auto, cpu, cuda or cuda:N, got {other:?}")),
+                .ok_or_else(|| format!("expected auto, cpu, cuda or cuda:N, got \"{other}\"")),
         }
     }
 }
@@ -248,7 +248,13 @@ impl Config {
         if !matches!(l.progress.as_str(), "auto" | "always" | "never") {
             return Err(ConfigError::invalid(
                 "logging.progress",
-                format!("must be auto, always or never, got {:?}", l.progress),
+                format!("must be auto, always or never, got \"{}\"", l.progress),
+            ));
+        }
+        if l.heartbeat_interval_secs == 0 {
+            return Err(ConfigError::invalid(
+                "logging.heartbeat_interval_secs",
+                "must be at least 1",
             ));
         }
         Ok(())

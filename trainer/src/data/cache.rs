@@ -18,7 +18,8 @@ use super::{DataError, DataStats, Document, Result, TextTokenizer};
 use crate::config::DataConfig;
 
 /// Bumped whenever the entry layout or the pipeline's output changes.
-const CACHE_VERSION: &str = "trainyard-token-cache v1";
+// v2: exact dedup compares documents in their dedup form; line filters exist.
+const CACHE_VERSION: &str = "trainyard-token-cache v2";
 
 /// A read-only stream of token ids, in memory or memory-mapped from the cache.
 #[derive(Debug, Clone)]
@@ -144,9 +145,18 @@ pub fn cache_key(docs: &[Document], data: &DataConfig, tokenizer: &TokenizerSpec
         h.update(&(doc.text.len() as u64).to_le_bytes());
         h.update(doc.text.as_bytes());
     }
+    let lines = &data.line_filters;
     let settings = format!(
-        "min_length={} dedup={} near_dedup={} threshold={} val_fraction={} tokenizer={tokenizer:?}",
-        data.min_length, data.dedup, data.near_dedup, data.near_dedup_threshold, data.val_fraction
+        "min_length={} dedup={} near_dedup={} threshold={} val_fraction={} tokenizer={tokenizer:?} \
+         line_min_words={} symbol_lines={} boilerplate={}",
+        data.min_length,
+        data.dedup,
+        data.near_dedup,
+        data.near_dedup_threshold,
+        data.val_fraction,
+        lines.min_words,
+        lines.symbol_lines,
+        lines.boilerplate
     );
     h.update(settings.as_bytes());
     h.finalize().to_hex().to_string()

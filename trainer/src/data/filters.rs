@@ -1,5 +1,5 @@
-//! Document filters: too short, exact duplicates (blake3 of the text), near duplicates (MinHash
-//! over word shingles with LSH banding).
+//! Document filters: line-level cleaning (`lines.rs`), too short, exact duplicates (blake3 of
+//! the text in its dedup form), near duplicates (MinHash over word shingles with LSH banding).
 //!
 //! Filters keep the first occurrence in source order and drop later ones, so results depend only
 //! on the (sorted) document list.
@@ -8,15 +8,58 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::lines::{dedup_form, LineFilters};
 use super::Document;
 use crate::config::DataConfig;
 
-/// How many documents each filter dropped.
+/// How many documents each filter dropped, and how many lines the line filters dropped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct FilterStats {
+    /// Documents shorter than `data.min_length`.
     pub too_short: usize,
     pub exact_duplicates: usize,
     pub near_duplicates: usize,
+    /// Lines with fewer than `data.line_filters.min_words` words.
+    pub short_lines: usize,
+    /// Lines without a letter or digit.
+    pub symbol_lines: usize,
+    /// Navigation and boilerplate lines.
+    pub boilerplate_lines: usize,
+    /// Documents left without text by the line filters.
+    pub emptied: usize,
+}
+
+impl FilterStats {
+    /// The counts under their metric names (`data/filter/...`), in a fixed order.
+    pub fn named(&self) -> [(&'static str, usize); 7] {
+        [
+            ("too_short", self.too_short),
+            ("exact_duplicates", self.exact_duplicates),
+            ("near_duplicates", self.near_duplicates),
+            ("short_lines", self.short_lines),
+            ("symbol_lines", self.symbol_lines),
+            ("boilerplate_lines", self.boilerplate_lines),
+            ("emptied", self.emptied),
+        ]
+    }
+}
+
+impl std::fmt::Display for FilterStats {
+    /// `9 too short, 2 exact duplicates, ...`: the non-zero counts in plain words.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .named()
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{n} {}", name.replace('_', " ")))
+            .collect();
+        if parts.is_empty() {
+            f.write_str("nothing dropped")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
 }
 
 /// Filter settings taken from `data.*`.
@@ -27,6 +70,8 @@ pub struct Filters {
     pub dedup: bool,
     /// `Some(threshold)` turns near-duplicate removal on.
     pub near_dedup: Option<f64>,
+    /// Line-level cleaning, before the document filters.
+    pub lines: LineFilters,
 }
 
 impl Filters {
@@ -35,21 +80,32 @@ impl Filters {
             min_length: data.min_length,
             dedup: data.dedup,
             near_dedup: data.near_dedup.then_some(data.near_dedup_threshold),
+            lines: LineFilters::from_config(&data.line_filters),
         }
     }
 
-    /// Applies every enabled filter in order: length, exact, near.
+    /// Applies every enabled filter in order: lines, length, exact, near.
     pub fn apply(&self, docs: Vec<Document>) -> (Vec<Document>, FilterStats) {
         let mut stats = FilterStats::default();
         let mut seen = HashSet::new();
         let mut near = self.near_dedup.map(NearDuplicates::new);
         let mut kept = Vec::with_capacity(docs.len());
-        for doc in docs {
+        for mut doc in docs {
+            if self.lines.is_active() {
+                let had_text = !doc.text.trim().is_empty();
+                doc.text = self.lines.clean(&doc.text, &mut stats);
+                if had_text && doc.text.trim().is_empty() {
+                    stats.emptied += 1;
+                    continue;
+                }
+            }
             if doc.text.chars().count() < self.min_length {
                 stats.too_short += 1;
                 continue;
             }
-            if self.dedup && !seen.insert(*blake3::hash(doc.text.as_bytes()).as_bytes()) {
+            if self.dedup
+                && !seen.insert(*blake3::hash(dedup_form(&doc.text).as_bytes()).as_bytes())
+            {
                 stats.exact_duplicates += 1;
                 continue;
             }
@@ -220,6 +276,7 @@ mod tests {
                     min_length: 0,
                     dedup: false,
                     near_dedup: None,
+                    lines: LineFilters::default(),
                 },
                 5,
                 FilterStats::default(),
@@ -230,6 +287,7 @@ mod tests {
                     min_length: 10,
                     dedup: false,
                     near_dedup: None,
+                    lines: LineFilters::default(),
                 },
                 4,
                 FilterStats {
@@ -243,12 +301,13 @@ mod tests {
                     min_length: 10,
                     dedup: true,
                     near_dedup: None,
+                    lines: LineFilters::default(),
                 },
                 3,
                 FilterStats {
                     too_short: 1,
                     exact_duplicates: 1,
-                    near_duplicates: 0,
+                    ..Default::default()
                 },
             ),
             (
@@ -257,12 +316,14 @@ mod tests {
                     min_length: 10,
                     dedup: true,
                     near_dedup: Some(0.8),
+                    lines: LineFilters::default(),
                 },
                 2,
                 FilterStats {
                     too_short: 1,
                     exact_duplicates: 1,
                     near_duplicates: 1,
+                    ..Default::default()
                 },
             ),
         ];
@@ -271,6 +332,66 @@ mod tests {
             assert_eq!(out.len(), kept, "{name}");
             assert_eq!(got, stats, "{name}");
         }
+    }
+
+    #[test]
+    fn copies_differing_only_in_line_endings_or_a_trailing_newline_are_exact_duplicates() {
+        let filters = Filters {
+            min_length: 0,
+            dedup: true,
+            near_dedup: None,
+            lines: LineFilters::default(),
+        };
+        let docs = vec![
+            doc("one\ntwo"),
+            doc("one\ntwo\n"),
+            doc("one\r\ntwo\r\n"),
+            doc("one  \ntwo\n\n"),
+            doc("one\n\ntwo"),
+        ];
+        let (kept, stats) = filters.apply(docs);
+        assert_eq!(stats.exact_duplicates, 3);
+        let texts: Vec<&str> = kept.iter().map(|d| d.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            ["one\ntwo", "one\n\ntwo"],
+            "the first copy is kept as it was"
+        );
+    }
+
+    #[test]
+    fn line_filters_run_first_and_count_lines_and_emptied_documents() {
+        let filters = Filters {
+            min_length: 0,
+            dedup: true,
+            near_dedup: None,
+            lines: LineFilters {
+                min_words: 2,
+                symbol_lines: true,
+                boilerplate: true,
+            },
+        };
+        let docs = vec![
+            doc("Home | Shop | Cart\nA real sentence here.\n"),
+            doc("A real sentence here.\n-----\n"),
+            doc("=====\nOk\n"),
+        ];
+        let (kept, stats) = filters.apply(docs);
+        assert_eq!(kept.len(), 1, "the second is a duplicate once cleaned");
+        assert_eq!(kept[0].text, "A real sentence here.\n");
+        let want = FilterStats {
+            exact_duplicates: 1,
+            short_lines: 1,
+            symbol_lines: 2,
+            boilerplate_lines: 1,
+            emptied: 1,
+            ..Default::default()
+        };
+        assert_eq!(stats, want);
+        assert_eq!(
+            stats.to_string(),
+            "1 exact duplicates, 1 short lines, 2 symbol lines, 1 boilerplate lines, 1 emptied"
+        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The data pipeline: raw text in, two packed token streams out.
 //!
 //! ```text
-//! data.dataset ──► sources (files, dirs, globs, JSONL, demo) ──► filters (min_length, exact and
-//! near duplicates) ──► split (content hash) ──► tokenizer (bytes, BPE, tokenizer.json) ──► pack
+//! data.dataset ──► sources (files, dirs, globs, JSONL, demo) ──► filters (line filters, min_length,
+//! exact and near duplicates) ──► split (content hash) ──► tokenizer (bytes, BPE, tokenizer.json) ──► pack
 //! with end-of-text ──► token cache (memory-mapped u16/u32) ──► BatchSampler
 //! ```
 //!
@@ -14,15 +14,17 @@ pub mod cache;
 pub mod demo;
 pub mod dummy;
 pub mod filters;
+pub mod lines;
 pub mod sources;
 pub mod split;
 pub mod tokenizer;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use crate::config::{Config, DataConfig};
 use cache::TokenizerSpec;
 
 pub use batches::{eval_batches, Batch, BatchSampler, SamplerState};
@@ -38,13 +40,13 @@ pub enum DataError {
     /// A setting or the data it points at is unusable.
     #[error("{key}: {message}")]
     Invalid { key: &'static str, message: String },
-    /// A file could not be read or written.
-    #[error("{key}: {path}: {source}")]
+    /// A file could not be read or written. The OS error is part of the message and not a
+    /// `source`: a caller printing the chain (`{:#}`) would show it twice.
+    #[error("{key}: {path}: {error}")]
     Io {
         key: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -60,7 +62,7 @@ impl DataError {
         DataError::Io {
             key,
             path: path.into(),
-            source,
+            error: source,
         }
     }
 
@@ -91,6 +93,37 @@ pub struct DataStats {
     pub cache_hit: bool,
     /// Hex key of the cache entry (empty for `dummy`).
     pub cache_key: String,
+}
+
+impl DataStats {
+    /// What the run page shows about the data, as metrics at step 0: `data/documents`, the
+    /// token counts, and `data/filter/<name>` for each enabled filter (its count may be 0).
+    /// Empty for the synthetic `dummy` data, which has no documents.
+    pub fn metrics(&self, data: &DataConfig) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        if data.dataset == "dummy" {
+            return out;
+        }
+        out.insert("data/documents".into(), self.documents as f64);
+        out.insert("data/train_tokens".into(), self.train_tokens as f64);
+        out.insert("data/val_tokens".into(), self.val_tokens as f64);
+        let lines = &data.line_filters;
+        let enabled = |name: &str| match name {
+            "too_short" => data.min_length > 0,
+            "exact_duplicates" => data.dedup,
+            "near_duplicates" => data.near_dedup,
+            "short_lines" => lines.min_words > 0,
+            "symbol_lines" => lines.symbol_lines,
+            "boilerplate_lines" => lines.boilerplate,
+            _ => lines.min_words > 0 || lines.symbol_lines || lines.boilerplate,
+        };
+        for (name, count) in self.filtered.named() {
+            if enabled(name) {
+                out.insert(format!("data/filter/{name}"), count as f64);
+            }
+        }
+        out
+    }
 }
 
 /// Tokenized, packed, split data ready for batching.
@@ -177,7 +210,7 @@ fn prepare_text(
 
     let documents = docs.len();
     let (kept, filtered) = Filters::from_config(data).apply(docs);
-    tracing::info!(documents, ?filtered, "filtered documents");
+    tracing::info!("filtered {documents} documents: {filtered}");
     let (train_docs, val_docs) = split::split(kept, data.val_fraction)?;
     let tokenizer = match (&tokenizer_file, &spec) {
         (Some(path), _) => TextTokenizer::load(path)?,
@@ -393,6 +426,60 @@ mod tests {
         assert_eq!(stats.filtered.too_short, 1);
         assert_eq!(stats.filtered.exact_duplicates, 1);
         assert_eq!(stats.train_documents + stats.val_documents, 6);
+    }
+
+    #[test]
+    fn line_filter_counts_reach_the_stats_and_the_step_zero_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        write_corpus(dir.path(), 6);
+        let corpus = dir.path().join("corpus");
+        std::fs::write(
+            corpus.join("menu.txt"),
+            "Home | Blog | About\n-----\nOne more line of text.\n",
+        )
+        .unwrap();
+        let mut cfg = text_config(dir.path(), "bytes");
+        let plain = prepare(&cfg, None).unwrap().stats;
+        assert_eq!(plain.filtered, FilterStats::default());
+        assert_eq!(
+            plain.metrics(&cfg.data).keys().cloned().collect::<Vec<_>>(),
+            [
+                "data/documents",
+                "data/filter/exact_duplicates",
+                "data/train_tokens",
+                "data/val_tokens"
+            ]
+        );
+        cfg.data.line_filters.symbol_lines = true;
+        cfg.data.line_filters.boilerplate = true;
+        let cleaned = prepare(&cfg, None).unwrap().stats;
+        assert!(
+            !cleaned.cache_hit,
+            "line filter settings are part of the cache key"
+        );
+        assert_eq!(
+            (
+                cleaned.filtered.symbol_lines,
+                cleaned.filtered.boilerplate_lines
+            ),
+            (1, 1)
+        );
+        assert!(cleaned.train_tokens + cleaned.val_tokens < plain.train_tokens + plain.val_tokens);
+        let m = cleaned.metrics(&cfg.data);
+        assert_eq!(m["data/filter/symbol_lines"], 1.0);
+        assert_eq!(m["data/filter/boilerplate_lines"], 1.0);
+        assert_eq!(m["data/filter/emptied"], 0.0);
+        assert_eq!(m["data/documents"], 7.0);
+        assert!(
+            !m.contains_key("data/filter/short_lines"),
+            "that filter is off"
+        );
+        assert!(
+            DataStats::default()
+                .metrics(&Config::default().data)
+                .is_empty(),
+            "dummy"
+        );
     }
 
     #[test]

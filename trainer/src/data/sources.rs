@@ -64,7 +64,7 @@ fn resolve(spec: &str) -> Result<Vec<PathBuf>> {
             ..glob::MatchOptions::new()
         };
         let paths = glob::glob_with(spec, options).map_err(|e| {
-            DataError::invalid("data.dataset", format!("invalid glob {spec:?}: {e}"))
+            DataError::invalid("data.dataset", format!("invalid glob `{spec}`: {e}"))
         })?;
         let mut files = Vec::new();
         for entry in paths {
@@ -83,7 +83,7 @@ fn resolve(spec: &str) -> Result<Vec<PathBuf>> {
         if files.is_empty() {
             return Err(DataError::invalid(
                 "data.dataset",
-                format!("no files match glob {spec:?}"),
+                format!("no files match glob `{spec}`"),
             ));
         }
         return Ok(files);
@@ -195,7 +195,7 @@ fn parse_jsonl(path: &Path, text: &str, column: &str, docs: &mut Vec<Document>) 
                 return Err(DataError::invalid(
                     "data.text_column",
                     format!(
-                        "{origin}: field {column:?} is {}, expected a string",
+                        "{origin}: field `{column}` is {}, expected a string",
                         json_kind(other)
                     ),
                 ))
@@ -203,7 +203,7 @@ fn parse_jsonl(path: &Path, text: &str, column: &str, docs: &mut Vec<Document>) 
             None => {
                 return Err(DataError::invalid(
                     "data.text_column",
-                    format!("{origin}: record has no field {column:?}"),
+                    format!("{origin}: record has no field `{column}`"),
                 ))
             }
         }

@@ -11,6 +11,9 @@
 //! flush interval, pending points go out in batches of at most that many. A batch the server
 //! still refuses for its size (413, or 422 on the `points` field) is split and sent again,
 //! never dropped.
+//!
+//! Beside it a heartbeat thread tells the server every `logging.heartbeat_interval_secs` that
+//! the run is alive (`server.rs`), so a killed trainer's run does not stay `running`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -26,10 +29,13 @@ use crate::wire::{
     MAX_REASON_LEN,
 };
 
+mod server;
 mod spool;
 #[cfg(test)]
 mod tests;
 
+use server::Heartbeat;
+pub use server::{create_run, run_page, NewRun};
 use spool::Spool;
 
 /// Unix time in milliseconds.
@@ -52,6 +58,8 @@ pub struct ServerTarget {
     pub flush_interval: Duration,
     /// Longest time the final flush may take at exit.
     pub final_flush_timeout: Duration,
+    /// Time between heartbeats (`logging.heartbeat_interval_secs`).
+    pub heartbeat_interval: Duration,
 }
 
 /// Writes every step's metrics to `metrics.jsonl` and forwards them to the server if any.
@@ -63,6 +71,7 @@ pub struct Reporter {
 struct Remote {
     tx: Sender<Msg>,
     handle: JoinHandle<()>,
+    heartbeat: Option<Heartbeat>,
 }
 
 enum Msg {
@@ -123,6 +132,9 @@ impl Reporter {
     /// Flushes everything (bounded by the final-flush timeout) and reports the final status.
     pub fn finish(self, status: RunStatus, reason: Option<String>) {
         if let Some(remote) = self.remote {
+            if let Some(heartbeat) = remote.heartbeat {
+                heartbeat.stop();
+            }
             let patch = RunPatch {
                 status: Some(status),
                 // A longer reason would be refused, and the final status with it.
@@ -180,12 +192,24 @@ impl Remote {
             .build()
             .context("building the HTTP client")?;
         let (tx, rx) = mpsc::channel();
-        let mut sender = Worker::new(client, target, spool_dir)?;
+        let mut sender = Worker::new(client, target.clone(), spool_dir)?;
         let handle = std::thread::Builder::new()
             .name("metrics-reporter".into())
             .spawn(move || sender.run(rx))
             .context("starting the metrics reporter thread")?;
-        Ok(Remote { tx, handle })
+        // Without heartbeats the run still reports; the server just cannot tell it is alive.
+        let heartbeat = match Heartbeat::spawn(&target) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!("sending no heartbeats: {e:#}");
+                None
+            }
+        };
+        Ok(Remote {
+            tx,
+            handle,
+            heartbeat,
+        })
     }
 }
 

@@ -110,6 +110,7 @@ fn points_logged_while_the_server_is_down_arrive_exactly_once_and_in_order() {
         token: Some("secret".into()),
         flush_interval: Duration::from_millis(30),
         final_flush_timeout: Duration::from_secs(20),
+        heartbeat_interval: Duration::from_secs(3600),
     };
     let mut r = Reporter::open(dir.path(), None, Some(target)).unwrap();
     r.patch(RunPatch {
@@ -227,6 +228,7 @@ fn log_everything_at_once(url: String, steps: i64, keys: usize) -> tempfile::Tem
         token: None,
         flush_interval: Duration::from_secs(3600),
         final_flush_timeout: Duration::from_secs(60),
+        heartbeat_interval: Duration::from_secs(3600),
     };
     let mut r = Reporter::open(dir.path(), None, Some(target)).unwrap();
     for step in 0..steps {
@@ -291,4 +293,122 @@ fn a_reason_longer_than_the_server_takes_is_shortened_at_a_character_boundary() 
     assert!(short.len() <= MAX_REASON_LEN);
     assert!(short.ends_with('…'));
     assert_eq!(shorten("fine".into(), MAX_REASON_LEN), "fine");
+}
+
+/// What a mock server saw of heartbeats: (run id, authorization header, body) per beat, and
+/// whether a beat came after the final status.
+#[derive(Default)]
+struct Beats {
+    beats: Vec<(String, String, String)>,
+    final_status_seen: bool,
+    beat_after_final_status: bool,
+}
+
+type SharedBeats = Arc<Mutex<Beats>>;
+
+/// A server that takes heartbeats (204, or `status` for every beat), status patches and metrics.
+fn heartbeat_server(status: u16) -> (String, SharedBeats, tokio::runtime::Runtime) {
+    use axum::http::StatusCode;
+    async fn beat(
+        State((s, status)): State<(SharedBeats, u16)>,
+        UrlPath(id): UrlPath<String>,
+        headers: HeaderMap,
+        body: String,
+    ) -> StatusCode {
+        let mut s = s.lock().unwrap();
+        let auth = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        s.beat_after_final_status |= s.final_status_seen;
+        s.beats.push((id, auth, body));
+        StatusCode::from_u16(status).unwrap()
+    }
+    async fn status_patch(
+        State((s, _)): State<(SharedBeats, u16)>,
+        Json(p): Json<RunPatch>,
+    ) -> Json<serde_json::Value> {
+        if p.status.is_some_and(RunStatus::is_terminal) {
+            s.lock().unwrap().final_status_seen = true;
+        }
+        Json(serde_json::json!({}))
+    }
+    async fn ok() -> Json<serde_json::Value> {
+        Json(serde_json::json!({}))
+    }
+    let beats: SharedBeats = Arc::default();
+    let app = Router::new()
+        .route("/api/v1/runs/{id}/heartbeat", post(beat))
+        .route("/api/v1/runs/{id}/metrics", post(ok))
+        .route("/api/v1/runs/{id}", patch(status_patch))
+        .with_state((beats.clone(), status));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (url, beats, rt)
+}
+
+fn beating_reporter(url: String, dir: &Path) -> Reporter {
+    let target = ServerTarget {
+        url,
+        run_id: "run42".into(),
+        token: Some("secret".into()),
+        flush_interval: Duration::from_millis(20),
+        final_flush_timeout: Duration::from_secs(20),
+        heartbeat_interval: Duration::from_millis(20),
+    };
+    Reporter::open(dir, None, Some(target)).unwrap()
+}
+
+fn wait_for_beats(beats: &SharedBeats, n: usize) {
+    for _ in 0..500 {
+        if beats.lock().unwrap().beats.len() >= n {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("fewer than {n} heartbeats arrived");
+}
+
+#[test]
+fn a_reporting_run_sends_heartbeats_with_its_token_and_none_after_its_final_status() {
+    let (url, beats, _rt) = heartbeat_server(204);
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = beating_reporter(url, dir.path());
+    r.log(&line(1)).unwrap();
+    wait_for_beats(&beats, 3);
+    r.finish(RunStatus::Finished, None);
+    let seen = beats.lock().unwrap().beats.len();
+    std::thread::sleep(Duration::from_millis(200));
+    let b = beats.lock().unwrap();
+    assert_eq!(b.beats.len(), seen, "no beat after finish");
+    assert!(b.final_status_seen);
+    assert!(!b.beat_after_final_status);
+    for (id, auth, body) in &b.beats {
+        assert_eq!(
+            (id.as_str(), auth.as_str(), body.as_str()),
+            ("run42", "Bearer secret", "{}")
+        );
+    }
+}
+
+#[test]
+fn a_server_without_heartbeats_gets_one_and_training_reports_on() {
+    let (url, beats, _rt) = heartbeat_server(404);
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = beating_reporter(url, dir.path());
+    wait_for_beats(&beats, 1);
+    // Ten more intervals: a heartbeat thread that kept going would have sent more by now.
+    for step in 0..10 {
+        r.log(&line(step)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    r.finish(RunStatus::Finished, None);
+    let b = beats.lock().unwrap();
+    assert_eq!(b.beats.len(), 1);
+    assert!(b.final_status_seen, "the run still reported its status");
 }

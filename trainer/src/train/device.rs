@@ -33,15 +33,38 @@ pub fn resolve_device(spec: &str) -> Result<Device> {
     }
 }
 
-/// The thread count `training.threads` asks for (0 = every available core).
-pub fn thread_count(requested: usize) -> usize {
-    if requested > 0 {
-        requested
-    } else {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+/// The device in words: `cpu` or `cuda:N`.
+pub fn describe(dev: &Device) -> String {
+    match dev.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".to_string(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
     }
+}
+
+/// The share of the cores a launched run may use when `training.threads` is 0: the server sets
+/// it to its cores divided by its CPU slots, so two CPU runs do not each take every core.
+pub const CPU_THREADS_VAR: &str = "TRAINYARD_CPU_THREADS";
+
+/// The thread count `training.threads` asks for: 0 = the launcher's share
+/// ([`CPU_THREADS_VAR`]) when set, else every available core.
+pub fn thread_count(requested: usize) -> usize {
+    let share = std::env::var(CPU_THREADS_VAR).ok();
+    thread_count_with(requested, share.as_deref())
+}
+
+fn thread_count_with(requested: usize, share: Option<&str>) -> usize {
+    if requested > 0 {
+        return requested;
+    }
+    if let Some(n) = share.and_then(|s| s.trim().parse::<usize>().ok()) {
+        if n > 0 {
+            return n;
+        }
+    }
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// candle reads this when its element-wise thread pool starts; a user's own setting wins.
@@ -134,8 +157,18 @@ mod tests {
     }
 
     #[test]
-    fn zero_threads_means_every_core() {
-        assert!(thread_count(0) >= 1);
-        assert_eq!(thread_count(3), 3);
+    fn zero_threads_means_the_launchers_share_else_every_core() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(thread_count_with(0, None), cores);
+        assert_eq!(thread_count_with(0, Some("3")), 3);
+        assert_eq!(thread_count_with(5, Some("3")), 5, "an explicit count wins");
+        for bad in ["0", "", "many", "-2"] {
+            assert_eq!(thread_count_with(0, Some(bad)), cores, "{bad}");
+        }
+    }
+
+    #[test]
+    fn devices_are_described_in_words() {
+        assert_eq!(describe(&Device::Cpu), "cpu");
     }
 }

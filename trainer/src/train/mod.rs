@@ -5,7 +5,8 @@
 //! On the CPU a run is deterministic: same config and thread count, same losses, bit for bit,
 //! including across a checkpoint and `--resume` (the sampler position, the dropout seed, the
 //! optimizer moments and the weights are all restored; the learning rate is a function of the
-//! step).
+//! step). The `best` checkpoint holds no optimizer moments: resuming from it continues with
+//! fresh ones.
 
 pub mod device;
 pub mod mfu;
@@ -93,8 +94,17 @@ impl Trainer {
         let tokenizer = dir.join(checkpoint::TOKENIZER_FILE);
         let mut trainer = Trainer::build(cfg, device, Some(&tokenizer), Some(state))?;
         checkpoint::load_weights(dir, &trainer.varmap, &trainer.device)?;
-        checkpoint::load_optimizer(dir, trainer.optimizer.as_mut(), &trainer.device)?;
-        tracing::info!(from = %dir.display(), step = trainer.state.step, "resumed");
+        if checkpoint::has_optimizer(dir) {
+            checkpoint::load_optimizer(dir, trainer.optimizer.as_mut(), &trainer.device)?;
+            tracing::info!(from = %dir.display(), step = trainer.state.step, "resumed");
+        } else {
+            // The `best` checkpoint keeps weights only: its run goes on, not bit for bit.
+            tracing::warn!(
+                from = %dir.display(),
+                step = trainer.state.step,
+                "resumed the weights with fresh optimizer state: this checkpoint holds none"
+            );
+        }
         Ok(trainer)
     }
 

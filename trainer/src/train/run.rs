@@ -100,7 +100,12 @@ fn train(
     let peak_flops = mfu::device_peak(cuda_ordinal);
     std::fs::write(out.join("config.yaml"), cfg.to_yaml()?)
         .with_context(|| format!("writing {}", out.join("config.yaml").display()))?;
-    tracing::info!(device = ?dev, threads, out = %out.display(), "starting");
+    tracing::info!(
+        device = %device::describe(&dev),
+        threads,
+        out = %out.display(),
+        "starting"
+    );
 
     let mut trainer = match &opts.resume_from {
         Some(dir) => Trainer::resume(cfg.clone(), dev, dir)?,
@@ -117,6 +122,20 @@ fn train(
         vocab = stats.vocab_size,
         "model and data ready"
     );
+    // The data's counts (documents, filters) go to the run page once, before step 1.
+    let data_metrics = stats.metrics(&cfg.data);
+    if opts.resume_from.is_none() && !data_metrics.is_empty() {
+        tracing::info!(
+            "data: {} documents; filters: {}",
+            stats.documents,
+            stats.filtered
+        );
+        reporter.log(&MetricsLine {
+            step: 0,
+            time: unix_ms(),
+            metrics: data_metrics,
+        })?;
+    }
     let progress = Progress::new(&cfg, trainer.state().step, max_steps);
     let mut first_line = opts.resume_from.is_none();
     let mut last_saved = None;
@@ -166,10 +185,7 @@ fn train(
             last_saved = Some(trainer.save_checkpoint(out)?);
         }
         if trainer.state().early_stopped {
-            reason = format!(
-                "early stopping: no improvement in {} evaluations",
-                t.early_stopping_patience
-            );
+            reason = early_stopping_reason(trainer.state(), t.early_stopping_patience);
         }
         if stop_requested && !last && !trainer.state().early_stopped {
             status = RunStatus::Stopped;
@@ -187,7 +203,11 @@ fn train(
         },
     };
     let st = trainer.state();
-    tracing::info!(steps = st.step, best_val_loss = ?st.best_val_loss, %reason, "done");
+    let best = st
+        .best_val_loss
+        .map(|b| format!("{b:.4}"))
+        .unwrap_or_else(|| "none".to_string());
+    tracing::info!(steps = st.step, best_val_loss = %best, %reason, "done");
     Ok(RunOutcome {
         status,
         reason,
@@ -196,6 +216,19 @@ fn train(
         best_val_loss: st.best_val_loss,
         checkpoint,
     })
+}
+
+/// The reason a run ended by early stopping gives with its final status.
+fn early_stopping_reason(st: &checkpoint::TrainState, patience: usize) -> String {
+    let best = st
+        .best_val_loss
+        .map(|b| format!("; best val/loss {b:.4}"))
+        .unwrap_or_default();
+    format!(
+        "early stopping at step {}: val/loss did not improve for {patience} evaluations \
+         (training.early_stopping_patience){best}",
+        st.step
+    )
 }
 
 fn step_metrics(s: &StepStats) -> BTreeMap<String, f64> {
@@ -211,7 +244,13 @@ fn step_metrics(s: &StepStats) -> BTreeMap<String, f64> {
     m
 }
 
-/// A progress bar on a terminal, plain log lines every `log_every` steps otherwise.
+/// Whether step `step` gets a line in the output: every `log_every` steps and at every
+/// evaluation, with or without the progress bar.
+fn prints_line(step: u64, log_every: usize, evaluated: bool) -> bool {
+    evaluated || (log_every > 0 && step.is_multiple_of(log_every as u64))
+}
+
+/// Plain step lines every `log_every` steps, and on a terminal a progress bar below them.
 struct Progress {
     bar: Option<ProgressBar>,
 }
@@ -246,16 +285,21 @@ impl Progress {
             s.grad_norm,
             s.tokens as f64 / s.seconds.max(1e-9)
         );
+        let print = prints_line(s.step, log_every, !val.is_empty());
         match &self.bar {
             Some(bar) => {
+                // Above the bar, so the scrollback keeps the loss history (a bar that cannot
+                // draw, off a terminal, would swallow the line: print it plainly then).
+                if print && bar.is_hidden() {
+                    eprintln!("{line}");
+                } else if print {
+                    bar.println(&line);
+                }
                 bar.set_position(s.step);
                 bar.set_message(line);
             }
-            None => {
-                if log_every > 0 && s.step.is_multiple_of(log_every as u64) || !val.is_empty() {
-                    eprintln!("{line}");
-                }
-            }
+            None if print => eprintln!("{line}"),
+            None => {}
         }
     }
 
@@ -269,4 +313,44 @@ impl Progress {
 /// The run directory's checkpoint for `--resume SPEC`.
 pub fn resume_dir(out: &Path, spec: &str) -> Result<PathBuf> {
     checkpoint::resolve(out, spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_line_is_printed_every_log_every_steps_and_at_each_evaluation() {
+        let printed: Vec<u64> = (1..=25).filter(|&s| prints_line(s, 10, false)).collect();
+        assert_eq!(printed, [10, 20]);
+        assert!(
+            prints_line(7, 10, true),
+            "an evaluation always gets its line"
+        );
+        assert!(!prints_line(7, 0, false));
+    }
+
+    #[test]
+    fn the_early_stopping_reason_says_why_in_words() {
+        let mut st = crate::checkpoint::TrainState {
+            step: 120,
+            tokens_seen: 0,
+            sampler: crate::data::SamplerState {
+                seed: 0,
+                batches: 0,
+            },
+            dropout_seed: 0,
+            best_val_loss: Some(1.4567),
+            evals_without_improvement: 3,
+            early_stopped: true,
+            val_loss: None,
+        };
+        assert_eq!(
+            early_stopping_reason(&st, 3),
+            "early stopping at step 120: val/loss did not improve for 3 evaluations \
+             (training.early_stopping_patience); best val/loss 1.4567"
+        );
+        st.best_val_loss = None;
+        assert!(!early_stopping_reason(&st, 3).contains("None"));
+    }
 }

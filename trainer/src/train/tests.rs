@@ -247,6 +247,15 @@ fn sampling_from_a_trained_checkpoint_produces_text() {
     let cfg = tiny(&["training.max_steps=5", "training.warmup_steps=1"]);
     run(cfg, &opts(dir.path())).unwrap();
     let loaded = crate::sample::load(dir.path(), Device::Cpu).unwrap();
+    assert!(
+        loaded.dir.ends_with("checkpoints/best"),
+        "the run's best checkpoint"
+    );
+    assert_eq!(loaded.step, 5);
+    assert_eq!(
+        loaded.describe(),
+        format!("loaded checkpoint {} (step 5)", loaded.dir.display())
+    );
     let params = crate::sample::SamplingParams {
         temperature: 1.0,
         top_k: 10,
@@ -360,5 +369,109 @@ fn a_bf16_run_tracks_the_f32_loss_curve_and_keeps_f32_master_weights() {
     assert!(
         (f32_val - bf16_val).abs() < 0.03 * f32_val,
         "{f32_val} vs {bf16_val}"
+    );
+}
+
+#[test]
+fn resuming_from_the_best_checkpoint_continues_with_fresh_optimizer_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny(&[
+        "training.max_steps=20",
+        "training.eval_steps=5",
+        "training.warmup_steps=0",
+    ]);
+    run(cfg.clone(), &opts(dir.path())).unwrap();
+    let best = crate::checkpoint::checkpoints_dir(dir.path()).join("best");
+    assert!(
+        !crate::checkpoint::has_optimizer(&best),
+        "best/ keeps weights only"
+    );
+    let best_step = crate::checkpoint::read_state(&best).unwrap().step;
+    let mut more = cfg;
+    more.training.max_steps = 25;
+    let resumed = RunOptions {
+        resume_from: Some(best),
+        ..opts(dir.path())
+    };
+    let out = run(more, &resumed).unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    assert_eq!(out.steps, 25);
+    let steps: Vec<i64> = metrics(dir.path()).iter().map(|l| l.step).collect();
+    let want: Vec<i64> = (1..=25).collect();
+    assert_eq!(
+        steps, want,
+        "lines after step {best_step} were replaced, none doubled"
+    );
+}
+
+type Patches = Arc<std::sync::Mutex<Vec<crate::wire::RunPatch>>>;
+
+/// A tracking server stand-in on loopback that records run updates and accepts the rest.
+fn recording_server() -> (String, Patches, tokio::runtime::Runtime) {
+    use axum::extract::State;
+    use axum::routing::{patch, post};
+    use axum::{Json, Router};
+    async fn take(
+        State(p): State<Patches>,
+        Json(body): Json<crate::wire::RunPatch>,
+    ) -> Json<serde_json::Value> {
+        p.lock().unwrap().push(body);
+        Json(serde_json::json!({}))
+    }
+    async fn ok() -> Json<serde_json::Value> {
+        Json(serde_json::json!({}))
+    }
+    let patches: Patches = Arc::default();
+    let app = Router::new()
+        .route("/api/v1/runs/{id}", patch(take))
+        .route("/api/v1/runs/{id}/metrics", post(ok))
+        .route("/api/v1/runs/{id}/heartbeat", post(ok))
+        .with_state(patches.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (url, patches, rt)
+}
+
+#[test]
+fn an_early_stopped_run_reports_finished_with_its_reason_to_the_server() {
+    let (url, patches, _rt) = recording_server();
+    let dir = tempfile::tempdir().unwrap();
+    // Steps of 1e-30 leave every weight as it was, so the validation loss never improves.
+    let cfg = tiny(&[
+        "training.max_steps=50",
+        "training.eval_steps=1",
+        "training.early_stopping_patience=2",
+        "training.optimizer=sgd",
+        "training.momentum=0",
+        "training.weight_decay=0",
+        "training.learning_rate=1e-30",
+        "training.min_lr=0",
+        "training.warmup_steps=0",
+    ]);
+    let o = RunOptions {
+        server: Some(crate::report::ServerTarget {
+            url,
+            run_id: "r1".into(),
+            token: None,
+            flush_interval: std::time::Duration::from_millis(20),
+            final_flush_timeout: std::time::Duration::from_secs(20),
+            heartbeat_interval: std::time::Duration::from_secs(3600),
+        }),
+        ..opts(dir.path())
+    };
+    let out = run(cfg, &o).unwrap();
+    assert_eq!((out.status, out.steps), (RunStatus::Finished, 3));
+    let patches = patches.lock().unwrap();
+    let last = patches.last().unwrap();
+    assert_eq!(last.status, Some(RunStatus::Finished));
+    let reason = last.reason.as_deref().unwrap();
+    assert_eq!(reason, out.reason);
+    assert!(
+        reason.starts_with("early stopping at step 3: val/loss did not improve for 2 evaluations"),
+        "{reason}"
     );
 }

@@ -1,42 +1,27 @@
-//! Server-rendered charts (plotters) for reports and READMEs:
-//! `GET /api/v1/runs/{id}/charts/{key}.svg|.png` and
-//! `GET /api/v1/charts/compare.svg|.png?runs=a,b&key=K`.
-//! Series are read downsampled (min/max kept), so a chart of a million-point metric is cheap.
+//! Charts: which chart shows which key (`layout.rs`, also behind `GET /api/v1/runs/{id}/charts`
+//! for the run page's live cards), and server-rendered charts (plotters, `render.rs` on the
+//! axes of `axis.rs`) for reports and READMEs: `GET /api/v1/runs/{id}/charts/{key}.svg|.png`
+//! and `GET /api/v1/charts/compare.svg|.png?runs=a,b&key=K`. Series are read downsampled
+//! (min/max kept), so a chart of a million-point metric is cheap.
 
-use crate::http::palette;
-use crate::store::{DynStore, Series, StoreError};
-use plotters::prelude::*;
+pub mod axis;
+pub mod layout;
+pub mod render;
+
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
 use serde::Deserialize;
 
-/// The `i`-th line's colour: the dashboard's one palette, as a plotters colour.
-fn series_color(i: usize) -> RGBColor {
-    let (r, g, b) = palette::rgb(i);
-    RGBColor(r, g, b)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Svg,
-    Png,
-}
-
-impl Format {
-    /// Splits `train/loss.svg` into (`train/loss`, Svg).
-    pub fn split(file: &str) -> Option<(&str, Format)> {
-        if let Some(k) = file.strip_suffix(".svg") {
-            Some((k, Format::Svg))
-        } else {
-            file.strip_suffix(".png").map(|k| (k, Format::Png))
-        }
-    }
-
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Format::Svg => "image/svg+xml",
-            Format::Png => "image/png",
-        }
-    }
-}
+use crate::app::AppState;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::extract::ApiQuery;
+use crate::http::palette;
+use crate::store::{DynStore, Series, StoreError};
+pub use layout::{ChartLayout, XUnit};
+pub use render::{render, Chart, Format, Line};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChartError {
@@ -51,47 +36,125 @@ pub enum ChartError {
     Render(String),
 }
 
-/// One line of a chart.
-pub struct Line {
-    pub label: String,
-    pub points: Vec<(f64, f64)>,
+impl From<ChartError> for ApiError {
+    fn from(e: ChartError) -> ApiError {
+        match e {
+            ChartError::Invalid { field, message } => ApiError::bad_request(field, message),
+            ChartError::Store(e) => e.into(),
+            ChartError::Render(m) => ApiError::Internal(anyhow::anyhow!(m)),
+        }
+    }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+impl IntoResponse for ChartError {
+    fn into_response(self) -> Response {
+        ApiError::from(self).into_response()
+    }
+}
+
+/// Query parameters of a rendered chart. Typed as text and parsed here, so a bad value is a
+/// 400 naming the parameter in plain words.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ChartParams {
-    pub width: Option<u32>,
-    pub height: Option<u32>,
-    pub max_points: Option<usize>,
+    /// Image width in pixels, 100 to 4000 (default 800).
+    #[param(value_type = Option<u32>, minimum = 100, maximum = 4000)]
+    pub width: Option<String>,
+    /// Image height in pixels, 100 to 4000 (default 400).
+    #[param(value_type = Option<u32>, minimum = 100, maximum = 4000)]
+    pub height: Option<String>,
+    /// Points read per line, 2 to 100000 (default: twice the width). Longer series are
+    /// downsampled keeping each bucket's min and max.
+    #[param(value_type = Option<u32>, minimum = 2, maximum = 100000)]
+    pub max_points: Option<String>,
+    /// Inclusive lower step bound.
+    #[param(value_type = Option<i64>)]
+    pub start_step: Option<String>,
+    /// Inclusive upper step bound.
+    #[param(value_type = Option<i64>)]
+    pub end_step: Option<String>,
+    /// `true` for a logarithmic y axis (values <= 0 are left out).
+    #[param(value_type = Option<bool>)]
+    pub log: Option<String>,
+}
+
+/// The parsed, checked [`ChartParams`].
+#[derive(Debug, Clone, Copy)]
+pub struct ChartOptions {
+    pub size: (u32, u32),
+    pub max_points: usize,
     pub start_step: Option<i64>,
     pub end_step: Option<i64>,
-    /// `true` for a logarithmic y axis.
-    pub log: Option<bool>,
+    pub log: bool,
+}
+
+fn invalid(field: &'static str, message: String) -> ChartError {
+    ChartError::Invalid { field, message }
+}
+
+/// `text` parsed as an integer in `range`, `default` when absent or empty.
+fn int_in(
+    field: &'static str,
+    text: Option<&str>,
+    range: std::ops::RangeInclusive<i64>,
+    what: &str,
+) -> Result<Option<i64>, ChartError> {
+    let Some(t) = text.map(str::trim).filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    match t.parse::<i64>() {
+        Ok(n) if range.contains(&n) => Ok(Some(n)),
+        _ => Err(invalid(
+            field,
+            format!(
+                "{field} must be a whole number from {} to {}{what}, got `{t}`",
+                range.start(),
+                range.end()
+            ),
+        )),
+    }
 }
 
 impl ChartParams {
-    pub fn size(&self) -> Result<(u32, u32), ChartError> {
-        let w = self.width.unwrap_or(800);
-        let h = self.height.unwrap_or(400);
-        for (field, v) in [("width", w), ("height", h)] {
-            if !(100..=4000).contains(&v) {
-                return Err(ChartError::Invalid {
-                    field,
-                    message: format!("must be between 100 and 4000 pixels, got {v}"),
-                });
+    pub fn check(&self) -> Result<ChartOptions, ChartError> {
+        let px = |field, text: &Option<String>, default| {
+            int_in(field, text.as_deref(), 100..=4000, " pixels")
+                .map(|v| v.map_or(default, |n| n as u32))
+        };
+        let size = (
+            px("width", &self.width, 800)?,
+            px("height", &self.height, 400)?,
+        );
+        let max_points = int_in("max_points", self.max_points.as_deref(), 2..=100_000, "")?
+            .map_or(size.0 as usize * 2, |n| n as usize);
+        let steps = 0..=crate::store::MAX_STEP;
+        let start_step = int_in("start_step", self.start_step.as_deref(), steps.clone(), "")?;
+        let end_step = int_in("end_step", self.end_step.as_deref(), steps, "")?;
+        if let (Some(s), Some(e)) = (start_step, end_step) {
+            if s > e {
+                return Err(invalid(
+                    "start_step",
+                    format!("start_step ({s}) is after end_step ({e})"),
+                ));
             }
         }
-        Ok((w, h))
-    }
-
-    pub fn max_points(&self, width: u32) -> Result<usize, ChartError> {
-        let n = self.max_points.unwrap_or(width as usize * 2);
-        if !(2..=100_000).contains(&n) {
-            return Err(ChartError::Invalid {
-                field: "max_points",
-                message: format!("must be between 2 and 100000, got {n}"),
-            });
-        }
-        Ok(n)
+        let log = match self.log.as_deref().map(str::trim) {
+            None | Some("") | Some("false") | Some("0") => false,
+            Some("true") | Some("1") => true,
+            Some(other) => {
+                return Err(invalid(
+                    "log",
+                    format!("log must be true or false, got `{other}`"),
+                ))
+            }
+        };
+        Ok(ChartOptions {
+            size,
+            max_points,
+            start_step,
+            end_step,
+            log,
+        })
     }
 }
 
@@ -107,215 +170,28 @@ pub async fn read_line(
     store: &DynStore,
     run_id: &str,
     key: &str,
-    params: &ChartParams,
-    width: u32,
+    options: &ChartOptions,
 ) -> Result<Series, ChartError> {
-    let max = params.max_points(width)?;
     Ok(store
-        .read_series(run_id, key, params.start_step, params.end_step, max)
-        .await?)
-}
-
-/// Renders lines to SVG text or PNG bytes. Runs on the blocking pool from handlers: text
-/// layout and rasterising are CPU work.
-pub fn render(
-    title: &str,
-    lines: &[Line],
-    size: (u32, u32),
-    log_y: bool,
-    format: Format,
-) -> Result<Vec<u8>, ChartError> {
-    match format {
-        Format::Svg => {
-            let mut out = String::new();
-            {
-                let backend = SVGBackend::with_string(&mut out, size);
-                draw(backend.into_drawing_area(), title, lines, log_y)?;
-            }
-            Ok(out.into_bytes())
-        }
-        Format::Png => {
-            let mut rgb = vec![0u8; size.0 as usize * size.1 as usize * 3];
-            {
-                let backend = BitMapBackend::with_buffer(&mut rgb, size);
-                draw(backend.into_drawing_area(), title, lines, log_y)?;
-            }
-            let mut png = Vec::new();
-            image::ImageEncoder::write_image(
-                image::codecs::png::PngEncoder::new(&mut png),
-                &rgb,
-                size.0,
-                size.1,
-                image::ColorType::Rgb8,
-            )
-            .map_err(|e| ChartError::Render(e.to_string()))?;
-            Ok(png)
-        }
-    }
-}
-
-fn bounds(lines: &[Line], log_y: bool) -> (f64, f64, f64, f64) {
-    let mut x0 = f64::INFINITY;
-    let mut x1 = f64::NEG_INFINITY;
-    let mut y0 = f64::INFINITY;
-    let mut y1 = f64::NEG_INFINITY;
-    for (x, y) in lines.iter().flat_map(|l| l.points.iter()) {
-        if !y.is_finite() || (log_y && *y <= 0.0) {
-            continue;
-        }
-        x0 = x0.min(*x);
-        x1 = x1.max(*x);
-        y0 = y0.min(*y);
-        y1 = y1.max(*y);
-    }
-    if !x0.is_finite() {
-        return (0.0, 1.0, if log_y { 0.1 } else { 0.0 }, 1.0);
-    }
-    if x1 <= x0 {
-        x1 = x0 + 1.0;
-    }
-    if y1 <= y0 {
-        let pad = if y0 == 0.0 { 1.0 } else { y0.abs() * 0.1 };
-        y0 -= if log_y { y0 * 0.5 } else { pad };
-        y1 += pad;
-    }
-    if !log_y {
-        let pad = (y1 - y0) * 0.05;
-        y0 -= pad;
-        y1 += pad;
-    }
-    (x0, x1, y0, y1)
-}
-
-fn draw<DB: DrawingBackend>(
-    area: DrawingArea<DB, plotters::coord::Shift>,
-    title: &str,
-    lines: &[Line],
-    log_y: bool,
-) -> Result<(), ChartError>
-where
-    DB::ErrorType: 'static,
-{
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| ChartError::Render(e.to_string());
-    area.fill(&WHITE).map_err(err)?;
-    let (x0, x1, y0, y1) = bounds(lines, log_y);
-    let mut builder = ChartBuilder::on(&area);
-    builder
-        .caption(
-            title,
-            ("sans-serif", 18)
-                .into_font()
-                .color(&RGBColor(0x1c, 0x24, 0x30)),
+        .read_series(
+            run_id,
+            key,
+            options.start_step,
+            options.end_step,
+            options.max_points,
         )
-        .margin(14)
-        .x_label_area_size(34)
-        .y_label_area_size(64);
-    let grid = RGBColor(0xe7, 0xea, 0xef);
-    let axis = RGBColor(0x5f, 0x6b, 0x7a);
-    macro_rules! plot {
-        ($chart:expr) => {{
-            let mut chart = $chart;
-            chart
-                .configure_mesh()
-                .light_line_style(grid)
-                .bold_line_style(grid)
-                .axis_style(axis)
-                .label_style(("sans-serif", 12).into_font().color(&axis))
-                .x_desc("step")
-                .y_label_formatter(&|v| crate::http::pages::views::fmt_value(*v))
-                .x_label_formatter(&|v| crate::http::pages::views::fmt_value(*v))
-                .draw()
-                .map_err(err)?;
-            for (i, line) in lines.iter().enumerate() {
-                let color = series_color(i);
-                let pts = line
-                    .points
-                    .iter()
-                    .copied()
-                    .filter(|(_, y)| y.is_finite() && (!log_y || *y > 0.0));
-                chart
-                    .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                    .map_err(err)?
-                    .label(line.label.clone())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
-                    });
-            }
-            if lines.len() > 1 || lines.iter().any(|l| !l.label.is_empty()) {
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::UpperRight)
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(grid)
-                    .label_font(
-                        ("sans-serif", 12)
-                            .into_font()
-                            .color(&RGBColor(0x1c, 0x24, 0x30)),
-                    )
-                    .draw()
-                    .map_err(err)?;
-            }
-        }};
-    }
-    if log_y {
-        plot!(builder
-            .build_cartesian_2d(x0..x1, (y0..y1).log_scale())
-            .map_err(err)?);
-    } else {
-        plot!(builder.build_cartesian_2d(x0..x1, y0..y1).map_err(err)?);
-    }
-    area.present().map_err(err)?;
-    Ok(())
+        .await?)
 }
 
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
-use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
-
-impl IntoResponse for ChartError {
-    fn into_response(self) -> Response {
-        let (status, code, field, message) = match &self {
-            ChartError::Invalid { field, message } => (
-                StatusCode::BAD_REQUEST,
-                "invalid",
-                Some(*field),
-                message.clone(),
-            ),
-            ChartError::Store(StoreError::NotFound { .. }) => {
-                (StatusCode::NOT_FOUND, "not_found", None, self.to_string())
-            }
-            ChartError::Store(StoreError::Invalid { field, message }) => (
-                StatusCode::BAD_REQUEST,
-                "invalid",
-                Some(*field),
-                message.clone(),
-            ),
-            _ => {
-                tracing::error!(error = ?self, "chart request failed");
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    None,
-                    "internal error".to_string(),
-                )
-            }
-        };
-        let body = serde_json::json!({"error": {"code": code, "message": message, "field": field}});
-        (status, axum::Json(body)).into_response()
-    }
-}
-
-/// The chart routes, relative to `/api/v1`, for merging into the API router (any app state).
-pub fn router<S: Clone + Send + Sync + 'static>(store: DynStore) -> Router<S> {
+/// The chart routes, relative to `/api/v1`.
+pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/runs/{id}/charts", get(run_chart_layout))
         .route("/runs/{id}/charts/{*file}", get(run_chart))
         .route("/charts/{file}", get(compare_chart))
-        .with_state(store)
 }
 
 fn image_response(format: Format, bytes: Vec<u8>) -> Response {
@@ -330,73 +206,138 @@ fn image_response(format: Format, bytes: Vec<u8>) -> Response {
 }
 
 async fn render_blocking(
-    title: String,
-    lines: Vec<Line>,
+    chart: Chart,
     size: (u32, u32),
-    log_y: bool,
     format: Format,
 ) -> Result<Vec<u8>, ChartError> {
-    tokio::task::spawn_blocking(move || render(&title, &lines, size, log_y, format))
+    tokio::task::spawn_blocking(move || render(&chart, size, format))
         .await
         .map_err(|e| ChartError::Render(e.to_string()))?
 }
 
-#[tracing::instrument(skip(store, params))]
-async fn run_chart(
-    State(store): State<DynStore>,
+/// The run's charts as its page lays them out: which keys share a chart, in page order, and
+/// the expert-utilisation heatmaps. The page's script creates the cards of keys that appear
+/// after it loaded from this.
+#[utoipa::path(get, path = "/api/v1/runs/{id}/charts", tag = "charts",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, body = ChartLayout),
+        (status = 404, description = "Unknown run", body = ErrorBody),
+    ))]
+#[tracing::instrument(skip(state))]
+pub async fn run_chart_layout(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ChartLayout>, ApiError> {
+    let keys: Vec<String> = state
+        .store
+        .metric_keys(&id)
+        .await?
+        .into_iter()
+        .map(|k| k.key)
+        .collect();
+    Ok(Json(layout::layout(&keys)))
+}
+
+/// The path of a run's chart (documentation only: the handler takes the path as a tuple).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct RunChartPath {
+    /// Run id.
+    id: String,
+    /// The metric key and the format, e.g. `train/loss.svg` or `train/loss.png`.
+    #[param(pattern = r"^.+\.(svg|png)$")]
+    file: String,
+}
+
+/// The path of a comparison chart (documentation only).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct CompareChartPath {
+    /// `compare.svg` or `compare.png`.
+    #[param(pattern = r"^compare\.(svg|png)$")]
+    file: String,
+}
+
+/// One metric of a run as an image.
+#[utoipa::path(get, path = "/api/v1/runs/{id}/charts/{file}", tag = "charts",
+    params(RunChartPath, ChartParams),
+    responses(
+        (status = 200, description = "The chart", content(
+            (String = "image/svg+xml"),
+            (String = "image/png"),
+        )),
+        (status = 404, description = "Unknown run", body = ErrorBody),
+    ))]
+#[tracing::instrument(skip(state, params))]
+pub async fn run_chart(
+    State(state): State<AppState>,
     Path((id, file)): Path<(String, String)>,
-    Query(params): Query<ChartParams>,
-) -> Result<Response, ChartError> {
-    let (key, format) = Format::split(&file).ok_or_else(|| ChartError::Invalid {
-        field: "key",
-        message: format!("`{file}` must end in .svg or .png"),
+    ApiQuery(params): ApiQuery<ChartParams>,
+) -> Result<Response, ApiError> {
+    let (key, format) = Format::split(&file).ok_or_else(|| {
+        invalid(
+            "key",
+            format!("`{file}` must be a metric key ending in .svg or .png"),
+        )
     })?;
-    let size = params.size()?;
-    let run = store.get_run(&id).await?;
-    let series = read_line(&store, &id, key, &params, size.0).await?;
-    let lines = vec![series_line("", &series)];
-    let title = format!("{} · {}", run.name, key);
-    let bytes = render_blocking(title, lines, size, params.log.unwrap_or(false), format).await?;
+    let options = params.check()?;
+    let run = state.store.get_run(&id).await?;
+    let series = read_line(&state.store, &id, key, &options).await?;
+    let chart = Chart {
+        title: format!("{} · {}", run.name, key),
+        lines: vec![series_line("", &series)],
+        log_y: options.log,
+        x_unit: XUnit::of(key),
+    };
+    let bytes = render_blocking(chart, options.size, format).await?;
     Ok(image_response(format, bytes))
 }
 
-#[derive(Debug, Deserialize)]
-struct CompareParams {
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CompareParams {
+    /// 1 to 32 comma-separated run ids, one line each.
     runs: Option<String>,
+    /// The metric key, e.g. `train/loss`.
     key: Option<String>,
-    // Not `#[serde(flatten)]`: flattening breaks number parsing of query strings.
-    width: Option<u32>,
-    height: Option<u32>,
-    max_points: Option<usize>,
-    start_step: Option<i64>,
-    end_step: Option<i64>,
-    log: Option<bool>,
 }
 
-#[tracing::instrument(skip(store, params))]
-async fn compare_chart(
-    State(store): State<DynStore>,
+/// One metric of several runs overlaid, as an image.
+#[utoipa::path(get, path = "/api/v1/charts/{file}", tag = "charts",
+    params(CompareChartPath, CompareParams, ChartParams),
+    responses(
+        (status = 200, description = "The chart", content(
+            (String = "image/svg+xml"),
+            (String = "image/png"),
+        )),
+        (status = 404, description = "One of the runs does not exist", body = ErrorBody),
+    ))]
+#[tracing::instrument(skip(state, compare, params))]
+pub async fn compare_chart(
+    State(state): State<AppState>,
     Path(file): Path<String>,
-    Query(params): Query<CompareParams>,
-) -> Result<Response, ChartError> {
+    ApiQuery(compare): ApiQuery<CompareParams>,
+    ApiQuery(params): ApiQuery<ChartParams>,
+) -> Result<Response, ApiError> {
     let format = match Format::split(&file) {
         Some(("compare", f)) => f,
         _ => {
-            return Err(ChartError::Invalid {
-                field: "path",
-                message: format!("unknown chart `{file}`; expected compare.svg or compare.png"),
-            })
+            return Err(invalid(
+                "path",
+                format!("unknown chart `{file}`; expected compare.svg or compare.png"),
+            )
+            .into())
         }
     };
-    let key = params
+    let key = compare
         .key
         .as_deref()
         .filter(|k| !k.is_empty())
-        .ok_or(ChartError::Invalid {
-            field: "key",
-            message: "a metric key is required".into(),
-        })?;
-    let ids: Vec<&str> = params
+        .ok_or_else(|| invalid("key", "a metric key is required".into()))?;
+    let ids: Vec<&str> = compare
         .runs
         .as_deref()
         .unwrap_or("")
@@ -405,27 +346,104 @@ async fn compare_chart(
         .filter(|s| !s.is_empty())
         .collect();
     if ids.is_empty() || ids.len() > palette::PALETTE.len() * 4 {
-        return Err(ChartError::Invalid {
-            field: "runs",
-            message: "give 1 to 32 comma-separated run ids".into(),
-        });
+        return Err(invalid("runs", "give 1 to 32 comma-separated run ids".into()).into());
     }
-    let chart = ChartParams {
-        width: params.width,
-        height: params.height,
-        max_points: params.max_points,
-        start_step: params.start_step,
-        end_step: params.end_step,
-        log: params.log,
-    };
-    let size = chart.size()?;
+    let options = params.check()?;
     let mut lines = Vec::with_capacity(ids.len());
     for id in ids {
-        let run = store.get_run(id).await?;
-        let series = read_line(&store, id, key, &chart, size.0).await?;
+        let run = state.store.get_run(id).await?;
+        let series = read_line(&state.store, id, key, &options).await?;
         lines.push(series_line(&run.name, &series));
     }
-    let log = chart.log.unwrap_or(false);
-    let bytes = render_blocking(key.to_string(), lines, size, log, format).await?;
+    let chart = Chart {
+        title: key.to_string(),
+        lines,
+        log_y: options.log,
+        x_unit: XUnit::of(key),
+    };
+    let bytes = render_blocking(chart, options.size, format).await?;
     Ok(image_response(format, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_chart_parameters_name_the_field_in_plain_words() {
+        let cases: [(ChartParams, &str, &str); 6] = [
+            (
+                ChartParams {
+                    width: Some("5".into()),
+                    ..Default::default()
+                },
+                "width",
+                "from 100 to 4000 pixels",
+            ),
+            (
+                ChartParams {
+                    height: Some("x".into()),
+                    ..Default::default()
+                },
+                "height",
+                "got `x`",
+            ),
+            (
+                ChartParams {
+                    max_points: Some("1".into()),
+                    ..Default::default()
+                },
+                "max_points",
+                "from 2 to 100000",
+            ),
+            (
+                ChartParams {
+                    start_step: Some("-1".into()),
+                    ..Default::default()
+                },
+                "start_step",
+                "whole number",
+            ),
+            (
+                ChartParams {
+                    start_step: Some("9".into()),
+                    end_step: Some("3".into()),
+                    ..Default::default()
+                },
+                "start_step",
+                "after end_step",
+            ),
+            (
+                ChartParams {
+                    log: Some("maybe".into()),
+                    ..Default::default()
+                },
+                "log",
+                "true or false",
+            ),
+        ];
+        for (params, field, words) in cases {
+            match params.check() {
+                Err(ChartError::Invalid { field: f, message }) => {
+                    assert_eq!(f, field);
+                    assert!(message.contains(words), "{message}");
+                }
+                other => panic!("{field}: expected an error, got {other:?}"),
+            }
+        }
+        let ok = ChartParams {
+            log: Some("true".into()),
+            ..Default::default()
+        }
+        .check();
+        assert!(matches!(
+            ok,
+            Ok(ChartOptions {
+                size: (800, 400),
+                max_points: 1600,
+                log: true,
+                ..
+            })
+        ));
+    }
 }

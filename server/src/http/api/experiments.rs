@@ -7,11 +7,11 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
-use super::limits::validate_name;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiJson;
 use crate::store::Experiment;
+use crate::validate::Name;
 
 pub fn router() -> Router<AppState> {
     Router::new().route(
@@ -44,8 +44,8 @@ pub async fn create_experiment(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateExperiment>,
 ) -> Result<(StatusCode, Json<Experiment>), ApiError> {
-    validate_name("name", &body.name)?;
-    let experiment = state.store.create_experiment(body.name.trim()).await?;
+    let name = Name::parse("name", &body.name)?;
+    let experiment = state.store.create_experiment(name.as_str()).await?;
     Ok((StatusCode::CREATED, Json(experiment)))
 }
 

@@ -88,6 +88,7 @@ pub async fn post_metrics(
     ApiJson(batch): ApiJson<MetricBatch>,
 ) -> Result<Json<Accepted>, ApiError> {
     let outcome = ingest_points(state.store.as_ref(), &state.live, &id, &batch.points).await?;
+    crate::liveness::seen(&state, &id).await?;
     Ok(Json(Accepted {
         accepted: outcome.accepted,
         stored: outcome.stored,

@@ -2,12 +2,12 @@
 //! `/api/v1`), merged in `api_router`.
 
 pub mod charts;
+pub mod checkpoints;
 pub mod events;
 pub mod experiments;
 pub mod experts;
 pub mod health;
 pub mod launch;
-pub mod limits;
 pub mod logs;
 pub mod metrics;
 pub mod openapi;
@@ -24,12 +24,13 @@ pub fn api_router(state: &AppState) -> Router<AppState> {
         .merge(experiments::router())
         .merge(runs::router())
         .merge(launch::router())
+        .merge(checkpoints::router())
         .merge(logs::router())
         .merge(metrics::router())
         .merge(experts::router())
         .merge(events::router())
         .merge(openapi::router())
-        .merge(charts::router(state.store.clone()))
+        .merge(charts::router())
         .fallback(crate::http::not_found)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
         .route_layer(middleware::from_fn_with_state(

@@ -22,6 +22,7 @@ use crate::app::AppState;
         super::runs::search_runs,
         super::runs::get_run,
         super::runs::patch_run,
+        super::runs::heartbeat,
         super::metrics::post_metrics,
         super::metrics::read_series,
         super::metrics::metric_keys,
@@ -29,7 +30,14 @@ use crate::app::AppState;
         super::events::run_events,
         super::events::all_events,
         super::launch::stop_run,
+        super::checkpoints::list_checkpoints,
+        super::checkpoints::download,
+        super::checkpoints::sample,
+        super::checkpoints::resume,
         super::logs::get_logs,
+        super::charts::run_chart_layout,
+        super::charts::run_chart,
+        super::charts::compare_chart,
         openapi_json,
     ),
     components(schemas(ServerSentEventDoc)),
@@ -37,7 +45,9 @@ use crate::app::AppState;
     tags(
         (name = "experiments"), (name = "runs"), (name = "metrics"),
         (name = "events", description = "Server-sent events"), (name = "health"),
-        (name = "launcher", description = "Launched runs: stop, logs"),
+        (name = "launcher", description = "Launched runs: stop, resume, logs"),
+        (name = "checkpoints", description = "A launched run's checkpoints"),
+        (name = "charts", description = "Chart layout of a run, and charts rendered as SVG or PNG"),
     )
 )]
 pub struct ApiDoc;

@@ -10,22 +10,21 @@ use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use trainer::wire::RunPatch;
 
-use super::limits::{
-    check_len, preview, validate_config, validate_name, validate_tags, LIST_NOTES_LEN,
-    MAX_NOTES_LEN, MAX_REASON_LEN, MAX_TAGS,
-};
 use super::openapi::RunPatchDoc;
+use crate::actions::{CommandSpec, LaunchRequest, Resources};
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::{ApiJson, ApiQuery};
 use crate::search::SearchParams;
-use crate::status::{change_status, illegal_transition, transition_allowed, Actor};
-use crate::store::{ExitInfo, LatestMetric, NewRun, Run, RunStatus, RunUpdate, DEFAULT_EXPERIMENT};
+use crate::store::{ExitInfo, LatestMetric, NewRun, Run, RunStatus, DEFAULT_EXPERIMENT};
+use crate::validate::limits::{preview, LIST_NOTES_LEN};
+use crate::validate::{tracked_config, Invalid, Name, RunEdit, Tags};
 
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/runs", get(search_runs).post(create_run))
         .route("/runs/{id}", get(get_run).patch(patch_run))
+        .route("/runs/{id}/heartbeat", axum::routing::post(heartbeat))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -55,14 +54,20 @@ pub struct CreateRun {
     pub overrides: BTreeMap<String, serde_json::Value>,
     /// Launch: `{gpus: N}` (0 = CPU).
     #[serde(default)]
-    pub resources: Option<super::launch::Resources>,
+    pub resources: Option<Resources>,
     /// Launch: relaunch a failed run (with `--resume latest`) up to this many times.
     #[serde(default)]
     pub max_restarts: Option<u32>,
     /// Launch: a custom entrypoint (shell line or argv) instead of the trainer.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
-    pub command: Option<super::launch::CommandSpec>,
+    pub command: Option<CommandSpec>,
+    /// Launch: the absolute directory that relative paths in the config (`data.dataset`,
+    /// `data.tokenizer`, `data.cache_dir`, `training.init_from`) resolve against, normally the
+    /// submitter's current directory (`trainyard submit` sends it). Without it they resolve
+    /// against the server's working directory. The run's stored config holds the absolute paths.
+    #[serde(default)]
+    pub working_dir: Option<String>,
 }
 
 impl CreateRun {
@@ -74,13 +79,14 @@ impl CreateRun {
             ("resources", self.resources.is_some()),
             ("max_restarts", self.max_restarts.is_some()),
             ("command", self.command.is_some()),
+            ("working_dir", self.working_dir.is_some()),
         ]
         .into_iter()
         .find_map(|(field, set)| set.then_some(field))
     }
 
-    fn into_launch(self) -> super::launch::LaunchRequest {
-        super::launch::LaunchRequest {
+    fn into_launch(self) -> LaunchRequest {
+        LaunchRequest {
             experiment: self.experiment,
             name: self.name,
             tags: self.tags,
@@ -90,6 +96,7 @@ impl CreateRun {
             resources: self.resources,
             max_restarts: self.max_restarts,
             command: self.command,
+            working_dir: self.working_dir,
         }
     }
 }
@@ -156,13 +163,14 @@ pub struct RunList {
     responses(
         (status = 201, description = "Created (a launch whose run directory cannot be prepared \
             is created `failed`, with the reason)", body = Run),
-        (status = 400, description = "Malformed request, a launch-only field without \
-            `launch`, or a launch config that is invalid or over its limits", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 403, description = "A `command` launch on a server that does not allow them",
             body = ErrorBody),
         (status = 404, description = "No experiment with that id", body = ErrorBody),
-        (status = 422, description = "Invalid field or a field over its size limit",
-            body = ErrorBody),
+        (status = 422, description = "A refused value, named in `field`: invalid or over its \
+            size limit, a launch-only field without `launch`, a launch config the trainer \
+            would refuse, a dataset, tokenizer or checkpoint path that does not exist, more GPUs \
+            than the server has", body = ErrorBody),
     ))]
 #[instrument(skip(state, body))]
 pub async fn create_run(
@@ -170,29 +178,29 @@ pub async fn create_run(
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
     if body.launch {
-        return super::launch::create_launched_run(&state, body.into_launch()).await;
+        let run = crate::actions::launch_run(&state, body.into_launch()).await?;
+        return Ok((StatusCode::CREATED, Json(run)));
     }
     if let Some(field) = body.launch_only_field() {
-        return Err(ApiError::bad_request(
-            field,
-            format!("`{field}` is only used with `launch: true`"),
-        ));
+        return Err(
+            Invalid::new(field, format!("`{field}` is only used with `launch: true`")).into(),
+        );
     }
-    let experiment = body.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT);
-    validate_name("experiment", experiment)?;
-    if let Some(name) = &body.name {
-        validate_name("name", name)?;
-    }
-    validate_config(&body.config)?;
-    validate_tags(&body.tags)?;
-    let experiment = state.store.resolve_experiment(experiment.trim()).await?;
+    let experiment = Name::parse(
+        "experiment",
+        body.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT),
+    )?;
+    let name = body.name.map(|n| Name::parse("name", &n)).transpose()?;
+    let config = tracked_config(body.config)?;
+    let tags = Tags::parse(body.tags)?;
+    let experiment = state.store.resolve_experiment(experiment.as_str()).await?;
     let run = state
         .store
         .create_run(NewRun {
             experiment_id: experiment.id,
-            name: body.name.map(|n| n.trim().to_string()),
-            config: body.config,
-            tags: body.tags,
+            name: name.map(Name::into_string),
+            config,
+            tags: tags.into_inner(),
             status: None,
         })
         .await?;
@@ -225,7 +233,11 @@ pub async fn search_runs(
     ApiQuery(params): ApiQuery<SearchParams>,
 ) -> Result<Json<RunList>, ApiError> {
     let query = params.to_query(&state.store).await?;
-    let page = state.store.search_runs(&query).await?;
+    let page = state
+        .store
+        .search_runs(&query)
+        .await
+        .map_err(crate::search::SearchOrStoreError::from)?;
     Ok(Json(RunList {
         runs: page.runs.into_iter().map(RunSummary::from).collect(),
         next_cursor: page.next_cursor,
@@ -251,77 +263,30 @@ pub async fn patch_run(
     Path(id): Path<String>,
     ApiJson(patch): ApiJson<RunPatch>,
 ) -> Result<Json<Run>, ApiError> {
-    if let Some(name) = &patch.name {
-        validate_name("name", name)?;
+    let edit = RunEdit::parse(patch)?;
+    if edit.status.is_some() {
+        // A client reporting its run's new status is alive (whoever else edits tags or
+        // notes is not a sign of the run's life).
+        state.liveness.record(&id);
     }
-    validate_config(&patch.config)?;
-    if let Some(tags) = &patch.tags {
-        validate_tags(tags)?;
-    }
-    if let Some(notes) = &patch.notes {
-        check_len("notes", notes, MAX_NOTES_LEN)?;
-    }
-    if let Some(reason) = &patch.reason {
-        check_len("reason", reason, MAX_REASON_LEN)?;
-    }
-    if patch.reason.is_some() && patch.status.is_none() {
-        return Err(ApiError::unprocessable(
-            "reason",
-            "a reason is only accepted together with a status",
-        ));
-    }
-    let current = state.store.get_run(&id).await?;
-    // Refuse an illegal status change before anything else is written, so a refused request
-    // changes nothing (`change_status` checks again under the run's lock).
-    if let Some(status) = patch.status {
-        if status != current.status && !transition_allowed(current.status, status, Actor::Client) {
-            return Err(illegal_transition(current.status, status).into());
-        }
-    }
-    if let Some(tags) = &patch.tags {
-        // Tags merge into the run's: bound the result, not only this request.
-        let merged = current
-            .tags
-            .keys()
-            .chain(tags.keys())
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
-        if merged > MAX_TAGS {
-            return Err(ApiError::unprocessable(
-                "tags",
-                format!("the run would have {merged} tags; at most {MAX_TAGS} are allowed"),
-            ));
-        }
-    }
-    let update = RunUpdate {
-        name: patch.name.map(|n| n.trim().to_string()),
-        tags: patch.tags,
-        notes: patch.notes,
-        config: patch.config,
-    };
-    let has_update = update.name.is_some()
-        || update.tags.is_some()
-        || update.notes.is_some()
-        || update.config.is_some();
-    let mut run = if has_update {
-        state.store.update_run(&id, update).await?
-    } else {
-        current
-    };
-    if let Some(status) = patch.status {
-        if status != run.status {
-            change_status(
-                state.store.as_ref(),
-                &state.live,
-                &id,
-                status,
-                patch.reason.as_deref(),
-                None,
-                Actor::Client,
-            )
-            .await?;
-            run = state.store.get_run(&id).await?;
-        }
-    }
-    Ok(Json(run))
+    Ok(Json(crate::actions::edit_run(&state, &id, edit).await?))
+}
+
+/// A reporting client's sign of life. A running run this server did not launch that sends no
+/// heartbeat, metric or status for `--lost-after-secs` (default 300) is marked `lost`; a
+/// heartbeat from a `lost` run makes it `running` again. The trainer sends one every 30 s.
+#[utoipa::path(post, path = "/api/v1/runs/{id}/heartbeat", tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 204, description = "Noted"),
+        (status = 404, body = ErrorBody),
+    ))]
+#[instrument(skip(state))]
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.store.get_run(&id).await?;
+    crate::liveness::seen(&state, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -34,10 +34,12 @@ const ASSETS: &[(&str, &str, &str)] = &[
     asset!("chart/draw.js", JS),
     asset!("chart/interact.js", JS),
     asset!("chart/live.js", JS),
+    asset!("chart/cards.js", JS),
     asset!("heatmap.js", JS),
     asset!("run.js", JS),
     asset!("runs.js", JS),
     asset!("compare.js", JS),
+    asset!("checkpoints.js", JS),
 ];
 
 fn palette_module() -> &'static str {

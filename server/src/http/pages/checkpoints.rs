@@ -1,95 +1,127 @@
-//! Checkpoint files of a run: listed on its page, downloadable one by one. Only plain file names
-//! inside `<run dir>/checkpoints/` are served (no separators, no dot files, no temp files, no
-//! symlinks leading out of the directory).
+//! The run page's checkpoints panel and the "sample from here" page. Checkpoints are listed
+//! and resolved by `crate::checkpoints` (only names it lists are ever opened); downloads are
+//! the API's archive route, samples the API's sampling function.
 
-use super::views::{enc, fmt_bytes, fmt_time, CheckpointRow};
-use super::{check_run_id, Dashboard, PageError, PageResult};
-use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{header, Request};
-use tower::ServiceExt;
+use super::views::{
+    enc, fmt_bytes, fmt_time, fmt_value, CheckpointRow, PanelRun, RunPanels, SamplePage,
+};
+use super::{check_run_id, html, PageError, PageResult};
+use crate::app::AppState;
+use crate::http::api::checkpoints::{sample_text, SampleRequest};
+use axum::extract::{Form, Path, State};
+use serde::Deserialize;
 
-pub async fn list(d: &Dashboard, run_id: &str) -> Vec<CheckpointRow> {
-    let dir = d.run_dir(run_id).join("checkpoints");
-    let run_id = run_id.to_string();
-    tokio::task::spawn_blocking(move || {
-        let mut rows = Vec::new();
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return rows;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            let Ok(meta) = entry.metadata() else { continue };
-            if !meta.is_file() || !safe_file_name(&name) {
-                continue;
-            }
-            let modified = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map(|d| fmt_time(d.as_millis() as i64))
-                .unwrap_or_default();
-            rows.push(CheckpointRow {
-                href: format!("/runs/{run_id}/checkpoints/{}", enc(&name)),
-                size: fmt_bytes(meta.len()),
-                modified,
-                name,
-            });
-        }
-        rows.sort_by(|a, b| a.name.cmp(&b.name));
-        rows
+/// The panel's rows, by step.
+pub async fn rows(state: &AppState, run_id: &str) -> Vec<CheckpointRow> {
+    let dir = state.launcher.run_dir(run_id);
+    let list = tokio::task::spawn_blocking(move || crate::checkpoints::list(&dir))
+        .await
+        .unwrap_or_default();
+    list.into_iter()
+        .map(|c| CheckpointRow {
+            archive_href: format!("/api/v1/runs/{run_id}/checkpoints/{}/archive", enc(&c.name)),
+            sample_href: format!("/runs/{run_id}/checkpoints/{}/sample", enc(&c.name)),
+            time: fmt_time(c.time),
+            size: fmt_bytes(c.size_bytes),
+            val_loss: c.val_loss.map(fmt_value).unwrap_or_default(),
+            best: c.best,
+            step: c.step,
+            name: c.name,
+        })
+        .collect()
+}
+
+/// Whether a run in `status` with `checkpoints` offers Resume.
+pub fn resumable(status: crate::store::RunStatus, checkpoints: &[CheckpointRow]) -> bool {
+    (status.is_terminal() || status == crate::store::RunStatus::Lost) && !checkpoints.is_empty()
+}
+
+/// The checkpoints and history panels alone: the run page swaps them in when the run's
+/// status changes.
+pub async fn panels(State(state): State<AppState>, Path(id): Path<String>) -> PageResult {
+    check_run_id(&id)?;
+    let run = state.store.get_run(&id).await?;
+    let checkpoints = rows(&state, &id).await;
+    let events = state.store.run_events(&id, None).await?;
+    let history = super::run::history_rows(&events);
+    html(RunPanels {
+        run: PanelRun {
+            resumable: resumable(run.status, &checkpoints),
+            status: run.status.as_str(),
+            status_reason: super::run::status_reason(&events, run.status),
+            id,
+        },
+        checkpoints,
+        history,
     })
-    .await
-    .unwrap_or_default()
 }
 
-/// A plain file name: no separators, no parent references, no hidden files, no temp files.
-pub fn safe_file_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && !name.starts_with('.')
-        && !name.ends_with(".tmp")
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+#[derive(Debug, Deserialize)]
+pub struct SampleForm {
+    #[serde(default)]
+    prompt: String,
+    #[serde(default)]
+    max_new_tokens: String,
+    #[serde(default)]
+    temperature: String,
 }
 
-pub async fn download(
-    State(d): State<Dashboard>,
+fn page(id: &str, name: &str, form: &SampleForm) -> SamplePage {
+    SamplePage {
+        nav: "runs",
+        run_id: id.to_string(),
+        checkpoint: name.to_string(),
+        prompt: form.prompt.clone(),
+        max_new_tokens: form.max_new_tokens.clone(),
+        temperature: form.temperature.clone(),
+        output: None,
+        error: None,
+    }
+}
+
+/// The empty "sample from here" form.
+pub async fn sample_form(Path((id, name)): Path<(String, String)>) -> PageResult {
+    check_run_id(&id)?;
+    let form = SampleForm {
+        prompt: String::new(),
+        max_new_tokens: "100".into(),
+        temperature: "0.8".into(),
+    };
+    html(page(&id, &name, &form))
+}
+
+fn number<T: std::str::FromStr>(field: &str, text: &str) -> Result<Option<T>, PageError> {
+    match text.trim() {
+        "" => Ok(None),
+        t => t.parse().map(Some).map_err(|_| {
+            crate::validate::Invalid::new(field, format!("{field} must be a number, got `{t}`"))
+                .into()
+        }),
+    }
+}
+
+/// Generates text and shows it under the form (refusals inline, like the API's).
+pub async fn sample(
+    State(state): State<AppState>,
     Path((id, name)): Path<(String, String)>,
-    req: Request<Body>,
+    Form(f): Form<SampleForm>,
 ) -> PageResult {
     check_run_id(&id)?;
-    if !safe_file_name(&name) {
-        return Err(PageError::NotFound(format!(
-            "checkpoint `{name}` not found"
-        )));
-    }
-    let dir = d.run_dir(&id).join("checkpoints");
-    let path = dir.join(&name);
-    // Refuse symlinks that lead outside the run's checkpoint directory.
-    let inside = match (
-        tokio::fs::canonicalize(&dir).await,
-        tokio::fs::canonicalize(&path).await,
-    ) {
-        (Ok(d), Ok(p)) => p.starts_with(&d),
-        _ => false,
+    let request = SampleRequest {
+        prompt: f.prompt.clone(),
+        max_new_tokens: number("max_new_tokens", &f.max_new_tokens)?,
+        temperature: number("temperature", &f.temperature)?,
+        top_k: None,
+        top_p: None,
+        seed: None,
     };
-    if !inside {
-        return Err(PageError::NotFound(format!(
-            "checkpoint `{name}` not found"
-        )));
+    let mut view = page(&id, &name, &f);
+    match sample_text(&state, &id, &name, &request).await {
+        Ok(out) => view.output = Some(format!("{}{}", f.prompt, out.text)),
+        Err(e) if e.status().is_client_error() && e.status().as_u16() != 404 => {
+            view.error = Some(e.to_string())
+        }
+        Err(e) => return Err(e.into()),
     }
-    let res = match tower_http::services::ServeFile::new(&path)
-        .oneshot(req)
-        .await
-    {
-        Ok(res) => res,
-        Err(e) => return Err(PageError::Internal(e.to_string())),
-    };
-    let mut res = res.map(Body::new);
-    if let Ok(v) = format!("attachment; filename=\"{name}\"").parse() {
-        res.headers_mut().insert(header::CONTENT_DISPOSITION, v);
-    }
-    Ok(res)
+    html(view)
 }

@@ -1,14 +1,16 @@
 //! The launch page: pick a profile, edit its YAML, add overrides and a GPU count, submit. The
-//! config is checked here first (so errors show inline at the offending YAML line), then the run
-//! is created through `POST /api/v1/runs`, which validates again and queues it for the launcher.
+//! form becomes the same `LaunchRequest` the API takes and goes through the same
+//! `actions::launch_run`; a refusal is shown inline at the YAML line of the key it names.
 
 use super::views::*;
-use super::{api_message, html, Dashboard, PageError, PageResult};
+use super::{html, PageError, PageResult};
+use crate::actions::{self, LaunchRequest, Resources};
+use crate::app::AppState;
 use axum::extract::{Form, Query, State};
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect};
 use serde::Deserialize;
-use trainer::config::{Config, ConfigError};
+use std::collections::BTreeMap;
 
 const DEFAULT_PROFILE: &str = "tiny";
 
@@ -26,27 +28,20 @@ fn profile_choices(selected: &str) -> Vec<Choice> {
         .collect()
 }
 
-/// The `POST /api/v1/runs` body that creates a run the launcher starts.
-pub fn launch_body(
+/// A launch of `config` (YAML text or a JSON object) on `gpus` GPUs (0 = a CPU slot).
+pub fn launch_request(
     experiment: &str,
-    name: Option<&str>,
+    name: &str,
     config: serde_json::Value,
-    gpus: u32,
-    relaunch_of: Option<&str>,
-) -> serde_json::Value {
-    let mut body = serde_json::json!({
-        "experiment": experiment,
-        "config": config,
-        "launch": true,
-        "resources": { "gpus": gpus },
-    });
-    if let Some(n) = name.filter(|n| !n.trim().is_empty()) {
-        body["name"] = serde_json::Value::String(n.trim().to_string());
+    gpus: usize,
+) -> LaunchRequest {
+    LaunchRequest {
+        experiment: Some(experiment.to_string()),
+        name: Some(name.to_string()).filter(|n| !n.trim().is_empty()),
+        config: Some(config),
+        resources: Some(Resources { gpus }),
+        ..Default::default()
     }
-    if let Some(of) = relaunch_of {
-        body["tags"] = serde_json::json!({ "relaunch_of": of });
-    }
-    body
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,78 +104,73 @@ fn syntax_line(message: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-fn check_config(yaml: &str, overrides: &[String]) -> Result<Config, Problem> {
-    let located = |e: ConfigError| {
-        let line = match &e {
-            ConfigError::Syntax(m) => syntax_line(m),
-            other => other.key().and_then(|k| line_of_field(yaml, k)),
-        };
-        Problem {
-            message: e.to_string(),
-            line,
-        }
-    };
-    let mut cfg = Config::from_yaml_str(yaml).map_err(located)?;
-    cfg.apply_overrides(overrides).map_err(|e| Problem {
-        message: format!("overrides: {e}"),
-        line: None,
-    })?;
-    cfg.validate().map_err(located)?;
-    Ok(cfg)
+/// The YAML line a refusal belongs to: where a syntax error points, else the line of the key
+/// it names.
+fn locate(yaml: &str, field: Option<&str>, message: &str) -> Option<usize> {
+    match field {
+        Some("config") => syntax_line(message),
+        Some(key) => line_of_field(yaml, key),
+        None => None,
+    }
 }
 
-pub async fn submit(State(d): State<Dashboard>, Form(f): Form<LaunchFields>) -> PageResult {
-    let overrides: Vec<String> = f
+/// The form as the launch request the API takes: the YAML text as the config, each
+/// `KEY=VALUE` line of the overrides box as one override.
+fn request_of(f: &LaunchFields) -> Result<LaunchRequest, Problem> {
+    let mut overrides = BTreeMap::new();
+    for line in f
         .overrides
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(String::from)
-        .collect();
+    {
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(Problem {
+                message: format!("overrides: `{line}` is not of the form KEY=VALUE"),
+                line: None,
+            });
+        };
+        overrides.insert(
+            key.trim().to_string(),
+            serde_json::Value::String(value.trim().to_string()),
+        );
+    }
     let gpus = match f.gpus.trim() {
-        "" => Ok(0),
-        g => g
-            .parse::<u32>()
-            .map_err(|_| format!("gpus: must be a whole number of GPUs, got `{g}`")),
-    };
-    let checked = match gpus {
-        Err(message) => Err(Problem {
-            message,
+        "" => 0,
+        g => g.parse::<usize>().map_err(|_| Problem {
+            message: format!("resources.gpus: must be a whole number of GPUs, got `{g}`"),
             line: None,
-        }),
-        Ok(gpus) => check_config(&f.yaml, &overrides).map(|cfg| (cfg, gpus)),
+        })?,
     };
-    let problem = match checked {
-        Ok((cfg, gpus)) => {
-            let config =
-                serde_json::to_value(&cfg).map_err(|e| PageError::Internal(e.to_string()))?;
-            let experiment = if f.experiment.trim().is_empty() {
-                "Default"
-            } else {
-                f.experiment.trim()
-            };
-            let body = launch_body(experiment, Some(&f.name), config, gpus, None);
-            let (status, json) = d.call_api(Method::POST, "/api/v1/runs", Some(body)).await?;
-            if status.is_success() {
-                if let Some(id) = json.get("id").and_then(|v| v.as_str()) {
-                    return Ok(Redirect::to(&format!("/runs/{id}")).into_response());
+    let experiment = match f.experiment.trim() {
+        "" => crate::store::DEFAULT_EXPERIMENT,
+        e => e,
+    };
+    Ok(LaunchRequest {
+        overrides,
+        ..launch_request(
+            experiment,
+            &f.name,
+            serde_json::Value::String(f.yaml.clone()),
+            gpus,
+        )
+    })
+}
+
+pub async fn submit(State(state): State<AppState>, Form(f): Form<LaunchFields>) -> PageResult {
+    let problem = match request_of(&f) {
+        Err(problem) => problem,
+        Ok(request) => match actions::launch_run(&state, request).await {
+            Ok(run) => return Ok(Redirect::to(&format!("/runs/{}", run.id)).into_response()),
+            Err(e) if e.status().is_client_error() => {
+                let message = e.to_string();
+                Problem {
+                    line: locate(&f.yaml, e.field().as_deref(), &message),
+                    message,
                 }
-                return Err(PageError::Internal(format!(
-                    "launch answered without an id: {json}"
-                )));
             }
-            if status.is_server_error() {
-                return Err(PageError::Internal(format!(
-                    "launch failed with {status}: {json}"
-                )));
-            }
-            let field = json.pointer("/error/field").and_then(|v| v.as_str());
-            Problem {
-                message: api_message(&json),
-                line: field.and_then(|k| line_of_field(&f.yaml, k)),
-            }
-        }
-        Err(p) => p,
+            Err(e) => return Err(e.into()),
+        },
     };
     let profile = if f.profile.is_empty() {
         DEFAULT_PROFILE.to_string()
@@ -217,6 +207,14 @@ impl LaunchPage {
 mod tests {
     use super::*;
 
+    fn line_of_refusal(yaml: &str) -> (Option<usize>, String) {
+        let req = launch_request("Default", "", serde_json::Value::String(yaml.into()), 0);
+        match actions::launch::resolve_config(&req) {
+            Err(e) => (locate(yaml, Some(&e.field), &e.message), e.message),
+            Ok(_) => (None, String::new()),
+        }
+    }
+
     #[test]
     fn a_yaml_syntax_message_yields_its_line() {
         assert_eq!(
@@ -229,8 +227,7 @@ mod tests {
     #[test]
     fn an_invalid_value_is_located_at_its_key_line() {
         let yaml = "model:\n  d_model: 64\n  n_heads: 5\ntraining:\n  max_steps: 10\n";
-        let problem = check_config(yaml, &[]).err().map(|p| (p.line, p.message));
-        let (line, message) = problem.unwrap_or((None, String::new()));
+        let (line, message) = line_of_refusal(yaml);
         assert!(
             message.contains("model."),
             "message names the key: {message}"
@@ -241,7 +238,20 @@ mod tests {
     #[test]
     fn an_unknown_key_is_located_at_its_line() {
         let yaml = "model:\n  d_model: 64\ntraining:\n  lernin_rate: 0.1\n";
-        let p = check_config(yaml, &[]).err();
-        assert_eq!(p.as_ref().and_then(|p| p.line), Some(4));
+        assert_eq!(line_of_refusal(yaml).0, Some(4));
+    }
+
+    #[test]
+    fn an_override_line_without_an_equals_sign_is_refused() {
+        let fields = LaunchFields {
+            profile: String::new(),
+            experiment: String::new(),
+            name: String::new(),
+            gpus: String::new(),
+            yaml: String::new(),
+            overrides: "training.max_steps 5".into(),
+        };
+        let message = request_of(&fields).err().map(|p| p.message);
+        assert!(message.is_some_and(|m| m.starts_with("overrides:")));
     }
 }

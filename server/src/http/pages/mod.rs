@@ -1,84 +1,30 @@
 //! The browser dashboard: server-rendered askama pages (they work without JavaScript) and the
-//! static ES modules that make them live. Pages read the store directly; actions that belong to
-//! the API (stop, relaunch, launch) go through the API router in-process, so there is one
-//! implementation of each.
+//! static ES modules that make them live. Pages share the API's state; they read the store
+//! directly and perform actions (edit, stop, launch) through `crate::actions`, the functions
+//! the API handlers call, with input validated by the same `crate::validate` types.
 
 mod assets;
 pub mod checkpoints;
+pub mod columns;
 pub mod compare;
 pub mod launch;
 pub mod run;
 pub mod runs;
 pub mod views;
 
-use crate::store::{DynStore, StoreError};
+use crate::app::AppState;
+use crate::http::error::ApiError;
+use crate::store::StoreError;
 use askama::Template;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Request, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use run::{relaunch_run, run_page, set_notes, set_tag, stop_run};
 use runs::{runs_home, runs_of_experiment};
-use std::path::PathBuf;
-use tower::ServiceExt;
 use views::*;
-
-/// What the pages need: the store, where run directories live, and the API router (with its
-/// state) for actions.
-#[derive(Clone)]
-pub struct Dashboard {
-    pub store: DynStore,
-    pub data_dir: PathBuf,
-    pub api: Router,
-    /// Sent as the bearer token on in-process API calls when the server requires one.
-    pub token: Option<String>,
-}
-
-impl Dashboard {
-    /// A run's working directory (logs, checkpoints), as the launcher lays it out.
-    pub fn run_dir(&self, run_id: &str) -> PathBuf {
-        self.data_dir.join("runs").join(run_id)
-    }
-
-    /// Calls the API in-process; returns the status and the JSON body (null when empty).
-    pub async fn call_api(
-        &self,
-        method: Method,
-        uri: &str,
-        body: Option<serde_json::Value>,
-    ) -> Result<(StatusCode, serde_json::Value), PageError> {
-        let mut req = Request::builder().method(method).uri(uri);
-        if let Some(t) = &self.token {
-            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-        }
-        let body = match body {
-            Some(v) => {
-                req = req.header(header::CONTENT_TYPE, "application/json");
-                Body::from(v.to_string())
-            }
-            None => Body::empty(),
-        };
-        let req = req
-            .body(body)
-            .map_err(|e| PageError::Internal(e.to_string()))?;
-        let res = match self.api.clone().oneshot(req).await {
-            Ok(res) => res,
-            Err(never) => match never {},
-        };
-        let status = res.status();
-        let bytes = axum::body::to_bytes(res.into_body(), 16 * 1024 * 1024)
-            .await
-            .map_err(|e| PageError::Internal(e.to_string()))?;
-        let json = if bytes.is_empty() {
-            serde_json::Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
-        };
-        Ok((status, json))
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PageError {
@@ -86,19 +32,35 @@ pub enum PageError {
     NotFound(String),
     #[error("{0}")]
     BadRequest(String),
+    /// A client mistake the API would answer with this status (422 for a refused value, 409
+    /// for a conflict, 403 ...): the page shows the API's message with the same status.
+    #[error("{1}")]
+    Refused(StatusCode, String),
     #[error("{0}")]
     Internal(String),
 }
 
+impl From<ApiError> for PageError {
+    fn from(e: ApiError) -> Self {
+        let status = e.status();
+        match e {
+            ApiError::NotFound(m) => PageError::NotFound(m),
+            ApiError::Internal(cause) => PageError::Internal(format!("{cause:#}")),
+            other if status.is_client_error() => PageError::Refused(status, other.to_string()),
+            other => PageError::Internal(other.to_string()),
+        }
+    }
+}
+
 impl From<StoreError> for PageError {
     fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::NotFound { .. } => PageError::NotFound(e.to_string()),
-            StoreError::Invalid { .. } | StoreError::Conflict { .. } => {
-                PageError::BadRequest(e.to_string())
-            }
-            other => PageError::Internal(format!("{other:?}")),
-        }
+        ApiError::from(e).into()
+    }
+}
+
+impl From<crate::validate::Invalid> for PageError {
+    fn from(e: crate::validate::Invalid) -> Self {
+        ApiError::from(e).into()
     }
 }
 
@@ -113,6 +75,7 @@ impl IntoResponse for PageError {
         let (status, title, message) = match self {
             PageError::NotFound(m) => (StatusCode::NOT_FOUND, "Not found", m),
             PageError::BadRequest(m) => (StatusCode::BAD_REQUEST, "Bad request", m),
+            PageError::Refused(status, m) => (status, "Not done", m),
             PageError::Internal(cause) => {
                 tracing::error!(%cause, "page failed");
                 (
@@ -140,8 +103,8 @@ pub fn html(t: impl Template) -> PageResult {
     Ok(Html(t.render()?).into_response())
 }
 
-/// The dashboard routes (any app state: they carry their own).
-pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<S> {
+/// The dashboard routes, behind the same token rule as the API.
+pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/", get(runs_home))
         .route("/experiments/{id}", get(runs_of_experiment))
@@ -150,25 +113,34 @@ pub fn router<S: Clone + Send + Sync + 'static>(dashboard: Dashboard) -> Router<
         .route("/runs/{id}/notes", post(set_notes))
         .route("/runs/{id}/stop", post(stop_run))
         .route("/runs/{id}/relaunch", post(relaunch_run))
-        .route("/runs/{id}/checkpoints/{name}", get(checkpoints::download))
+        .route("/runs/{id}/resume", post(run::resume_run))
+        .route("/runs/{id}/panels", get(checkpoints::panels))
+        .route(
+            "/runs/{id}/checkpoints/{name}/sample",
+            get(checkpoints::sample_form).post(checkpoints::sample),
+        )
         .route("/compare", get(compare::compare_page))
         .route("/launch", get(launch::form).post(launch::submit))
         .route_layer(axum::middleware::from_fn_with_state(
-            dashboard.clone(),
+            state.clone(),
             require_token,
         ))
         .route("/static/{*file}", get(assets::static_file))
-        .with_state(dashboard)
 }
 
 /// With an admin token configured (a server reachable from other machines), pages show data
 /// only to a request carrying it, as a bearer header or a `trainyard_token` cookie.
 async fn require_token(
-    State(d): State<Dashboard>,
+    State(state): State<AppState>,
     req: Request<Body>,
     next: axum::middleware::Next,
 ) -> Response {
-    let Some(token) = d.token.as_deref().filter(|t| !t.is_empty()) else {
+    let Some(token) = state
+        .settings
+        .admin_token
+        .as_deref()
+        .filter(|t| !t.is_empty())
+    else {
         return next.run(req).await;
     };
     // Same rule as the API: the cookie for reads, and for the dashboard's own form posts.
@@ -196,38 +168,5 @@ pub fn check_run_id(id: &str) -> Result<(), PageError> {
         Ok(())
     } else {
         Err(PageError::NotFound(format!("run `{id}` not found")))
-    }
-}
-
-/// Edits go through `PATCH /api/v1/runs/{id}` so the API's validation and live events apply.
-pub(super) async fn api_patch(
-    d: &Dashboard,
-    id: &str,
-    body: serde_json::Value,
-) -> Result<(), PageError> {
-    let (status, json) = d
-        .call_api(Method::PATCH, &format!("/api/v1/runs/{id}"), Some(body))
-        .await?;
-    api_result(status, &json)
-}
-
-pub fn api_message(json: &serde_json::Value) -> String {
-    json.pointer("/error/message")
-        .and_then(|m| m.as_str())
-        .unwrap_or("request failed")
-        .to_string()
-}
-
-pub(super) fn api_result(status: StatusCode, json: &serde_json::Value) -> Result<(), PageError> {
-    if status.is_success() {
-        Ok(())
-    } else if status == StatusCode::NOT_FOUND {
-        Err(PageError::NotFound(api_message(json)))
-    } else if status.is_client_error() {
-        Err(PageError::BadRequest(api_message(json)))
-    } else {
-        Err(PageError::Internal(format!(
-            "API answered {status}: {json}"
-        )))
     }
 }

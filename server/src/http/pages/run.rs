@@ -1,22 +1,25 @@
-//! One run's page and the actions it offers (tags, notes, stop, relaunch), which go through
-//! the API in-process.
+//! One run's page and the actions it offers (tags, notes, stop, relaunch), done by the same
+//! `crate::actions` functions the API calls.
 
 use super::launch;
 use super::views::*;
-use super::{api_patch, api_result, check_run_id, html, Dashboard, PageError, PageResult};
+use super::{check_run_id, html, PageResult};
+use crate::actions::{self, LaunchRequest};
+use crate::app::AppState;
 use crate::store::RunStatus;
+use crate::validate::RunEdit;
 use axum::extract::{Form, Path, State};
-use axum::http::Method;
 use axum::response::{IntoResponse, Redirect};
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use trainer::wire::RunPatch;
 
-#[tracing::instrument(skip(d))]
-pub(super) async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>) -> PageResult {
+#[tracing::instrument(skip(state))]
+pub(super) async fn run_page(State(state): State<AppState>, Path(id): Path<String>) -> PageResult {
     check_run_id(&id)?;
-    let run = d.store.get_run(&id).await?;
-    let experiment = d.store.get_experiment(&run.experiment_id).await?;
-    let keys: Vec<String> = d
+    let run = state.store.get_run(&id).await?;
+    let experiment = state.store.get_experiment(&run.experiment_id).await?;
+    let keys: Vec<String> = state
         .store
         .metric_keys(&id)
         .await?
@@ -40,24 +43,15 @@ pub(super) async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>)
             title,
         })
         .collect();
-    let checkpoints = super::checkpoints::list(&d, &run.id).await;
+    let checkpoints = super::checkpoints::rows(&state, &run.id).await;
     let config_yaml = run
         .config
         .as_ref()
         .and_then(|c| serde_yaml_ng::to_string(c).ok());
-    let exit = run.exit.as_ref().map(|e| {
-        let mut parts = vec![];
-        if let Some(c) = e.exit_code {
-            parts.push(format!("exit code {c}"));
-        }
-        if let Some(s) = e.signal {
-            parts.push(format!("signal {s}"));
-        }
-        if let Some(m) = &e.message {
-            parts.push(m.clone());
-        }
-        parts.join(" · ")
-    });
+    let events = state.store.run_events(&id, None).await?;
+    let status_reason = status_reason(&events, run.status);
+    let history = history_rows(&events);
+    let exit = run.exit.as_ref().and_then(|e| exit_view(e, run.status));
     let view = RunPage {
         nav: "runs",
         run: RunHeader {
@@ -69,13 +63,16 @@ pub(super) async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>)
             duration: run_duration(&run, crate::store::now_ms()),
             stoppable: matches!(run.status, RunStatus::Queued | RunStatus::Running),
             relaunchable: run.config.is_some(),
-            exit: exit.filter(|e| !e.is_empty()),
+            resumable: super::checkpoints::resumable(run.status, &checkpoints),
+            status_reason,
+            exit,
             tags: tag_labels(&run.tags),
             notes: run.notes.clone(),
         },
         heatmaps: heatmap_cards(&keys),
         charts,
         checkpoints,
+        history,
         params: run.params.clone().into_iter().collect(),
         config_yaml,
         log_placeholder: "Log output appears here while the run is live.".to_string(),
@@ -90,6 +87,79 @@ pub(super) async fn run_page(State(d): State<Dashboard>, Path(id): Path<String>)
     html(view)
 }
 
+/// Why the run is in `status`: the reason of the change that put it there.
+pub(super) fn status_reason(events: &[crate::store::RunEvent], status: RunStatus) -> String {
+    events
+        .iter()
+        .rev()
+        .find(|e| e.to_status == status)
+        .and_then(|e| e.reason.clone())
+        // "created: created" says nothing.
+        .filter(|reason| reason != status.as_str())
+        .unwrap_or_default()
+}
+
+/// The run's status changes, newest first.
+pub(super) fn history_rows(events: &[crate::store::RunEvent]) -> Vec<HistoryRow> {
+    events
+        .iter()
+        .rev()
+        .map(|e| HistoryRow {
+            time: fmt_time(e.time),
+            to: e.to_status.as_str(),
+            reason: e.reason.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// The exit banner: red only for a failure; the log tail keeps its lines; none for a clean
+/// exit (the status says it all).
+fn exit_view(e: &crate::store::ExitInfo, status: RunStatus) -> Option<ExitView> {
+    if e.exit_code == Some(0) && e.signal.is_none() && e.message.is_none() {
+        return None;
+    }
+    let mut parts = vec![];
+    if let Some(c) = e.exit_code {
+        parts.push(format!("exit code {c}"));
+    }
+    if let Some(s) = e.signal {
+        parts.push(format!("signal {s}"));
+    }
+    let (first, tail) = match &e.message {
+        Some(m) => match m.split_once('\n') {
+            Some((first, rest)) => (first.to_string(), rest.to_string()),
+            None => (m.clone(), String::new()),
+        },
+        None => (String::new(), String::new()),
+    };
+    if !first.is_empty() {
+        parts.push(first);
+    }
+    Some(ExitView {
+        summary: format!("The process ended: {}", parts.join(" · ")),
+        tail,
+        failed: matches!(status, RunStatus::Failed | RunStatus::Lost),
+    })
+}
+
+#[derive(Deserialize)]
+pub(super) struct ResumeForm {
+    #[serde(default)]
+    from: String,
+}
+
+/// "Resume" (from the header: latest; from a checkpoint row: that step).
+pub(super) async fn resume_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Form(f): Form<ResumeForm>,
+) -> PageResult {
+    check_run_id(&id)?;
+    let from = crate::checkpoints::ResumePoint::parse("from", &f.from)?;
+    actions::resume_run(&state, &id, from, None).await?;
+    Ok(Redirect::to(&format!("/runs/{id}")).into_response())
+}
+
 #[derive(Deserialize)]
 pub(super) struct TagForm {
     key: String,
@@ -98,18 +168,16 @@ pub(super) struct TagForm {
 }
 
 pub(super) async fn set_tag(
-    State(d): State<Dashboard>,
+    State(state): State<AppState>,
     Path(id): Path<String>,
     Form(f): Form<TagForm>,
 ) -> PageResult {
     check_run_id(&id)?;
-    let key = f.key.trim();
-    if key.is_empty() {
-        return Err(PageError::BadRequest("key: a tag needs a key".into()));
-    }
-    let tags = BTreeMap::from([(key.to_string(), f.value)]);
-    let body = serde_json::json!({ "tags": tags });
-    api_patch(&d, &id, body).await?;
+    let edit = RunEdit::parse(RunPatch {
+        tags: Some(BTreeMap::from([(f.key, f.value)])),
+        ..Default::default()
+    })?;
+    actions::edit_run(&state, &id, edit).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
@@ -119,46 +187,52 @@ pub(super) struct NotesForm {
 }
 
 pub(super) async fn set_notes(
-    State(d): State<Dashboard>,
+    State(state): State<AppState>,
     Path(id): Path<String>,
     Form(f): Form<NotesForm>,
 ) -> PageResult {
     check_run_id(&id)?;
-    api_patch(&d, &id, serde_json::json!({ "notes": f.notes })).await?;
+    let edit = RunEdit::parse(RunPatch {
+        notes: Some(f.notes),
+        ..Default::default()
+    })?;
+    actions::edit_run(&state, &id, edit).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
-pub(super) async fn stop_run(State(d): State<Dashboard>, Path(id): Path<String>) -> PageResult {
+pub(super) async fn stop_run(State(state): State<AppState>, Path(id): Path<String>) -> PageResult {
     check_run_id(&id)?;
-    let (status, json) = d
-        .call_api(Method::POST, &format!("/api/v1/runs/{id}/stop"), None)
-        .await?;
-    api_result(status, &json)?;
+    actions::stop_run(&state, &id).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
-pub(super) async fn relaunch_run(State(d): State<Dashboard>, Path(id): Path<String>) -> PageResult {
+pub(super) async fn relaunch_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> PageResult {
     check_run_id(&id)?;
-    let run = d.store.get_run(&id).await?;
+    let run = state.store.get_run(&id).await?;
     let Some(config) = run.config.clone() else {
-        return Err(PageError::BadRequest(
-            "config: this run has no recorded config to relaunch".into(),
-        ));
+        return Err(crate::validate::Invalid::new(
+            "config",
+            "config: this run has no recorded config to relaunch",
+        )
+        .into());
     };
     let gpus = run
         .tags
         .get("gpus")
-        .and_then(|g| g.parse::<u32>().ok())
+        .and_then(|g| g.parse::<usize>().ok())
         .unwrap_or(0);
-    let body = launch::launch_body(
-        &run.experiment_id,
-        Some(&format!("{}-relaunch", run.name)),
-        config,
-        gpus,
-        Some(&run.id),
-    );
-    let (status, json) = d.call_api(Method::POST, "/api/v1/runs", Some(body)).await?;
-    api_result(status, &json)?;
-    let new_id = json.get("id").and_then(|v| v.as_str()).unwrap_or(&id);
-    Ok(Redirect::to(&format!("/runs/{new_id}")).into_response())
+    let request = LaunchRequest {
+        tags: BTreeMap::from([("relaunch_of".to_string(), run.id.clone())]),
+        ..launch::launch_request(
+            &run.experiment_id,
+            &format!("{}-relaunch", run.name),
+            config,
+            gpus,
+        )
+    };
+    let new = actions::launch_run(&state, request).await?;
+    Ok(Redirect::to(&format!("/runs/{}", new.id)).into_response())
 }

@@ -2,7 +2,8 @@
 //! server (the same search as `GET /api/v1/runs`).
 
 use super::views::*;
-use super::{html, Dashboard, PageResult};
+use super::{html, PageResult};
+use crate::app::AppState;
 use crate::search::{SearchOrStoreError, SearchParams};
 use crate::store::{Run, RunStatus, StoreError};
 use axum::extract::{Path, Query, State};
@@ -19,30 +20,30 @@ pub struct RunsParams {
 }
 
 pub(super) async fn runs_home(
-    State(d): State<Dashboard>,
+    State(state): State<AppState>,
     Query(p): Query<RunsParams>,
 ) -> PageResult {
-    runs_table(&d, p).await
+    runs_table(&state, p).await
 }
 
 pub(super) async fn runs_of_experiment(
-    State(d): State<Dashboard>,
+    State(state): State<AppState>,
     Path(id): Path<String>,
     Query(mut p): Query<RunsParams>,
 ) -> PageResult {
     if p.search.value("experiment").is_empty() {
         p.search.experiment = Some(id);
     }
-    runs_table(&d, p).await
+    runs_table(&state, p).await
 }
 
-#[tracing::instrument(skip(d))]
-pub async fn runs_table(d: &Dashboard, p: RunsParams) -> PageResult {
-    let experiments = d.store.list_experiments().await?;
+#[tracing::instrument(skip(state))]
+pub async fn runs_table(state: &AppState, p: RunsParams) -> PageResult {
+    let experiments = state.store.list_experiments().await?;
     let search = &p.search;
     let experiment = match search.value("experiment") {
         "" => None,
-        e => Some(d.store.get_experiment(e).await?),
+        e => Some(state.store.get_experiment(e).await?),
     };
     let filters = Filters {
         experiment: experiment
@@ -56,7 +57,7 @@ pub async fn runs_table(d: &Dashboard, p: RunsParams) -> PageResult {
         sort: search.value("sort").to_string(),
     };
     let mut error = None;
-    let query = match search.to_query(&d.store).await {
+    let query = match search.to_query(&state.store).await {
         Ok(query) => Some(query),
         Err(SearchOrStoreError::Search(e)) => {
             error = Some(e.to_string());
@@ -70,7 +71,7 @@ pub async fn runs_table(d: &Dashboard, p: RunsParams) -> PageResult {
     };
     let page = match &query {
         None => empty(),
-        Some(query) => match d.store.search_runs(query).await {
+        Some(query) => match state.store.search_runs(query).await {
             Ok(page) => page,
             Err(StoreError::Invalid { field, message }) => {
                 error = Some(format!("{field}: {message}"));
@@ -83,12 +84,20 @@ pub async fn runs_table(d: &Dashboard, p: RunsParams) -> PageResult {
         .iter()
         .map(|e| (e.id.as_str(), e.name.as_str()))
         .collect();
-    let (param_cols, metric_cols) = table_columns(&filters.cols, &page.runs);
+    let (param_cols, metric_cols) = super::columns::table_columns(&filters.cols, &page.runs);
+    // Evaluation metrics show their best value beside the last.
+    let eval_cols: Vec<String> = metric_cols
+        .iter()
+        .filter(|k| super::columns::is_eval_key(k))
+        .cloned()
+        .collect();
+    let ids: Vec<String> = page.runs.iter().map(|r| r.id.clone()).collect();
+    let best = super::columns::best_values(&state.store.metric_extremes(&ids, &eval_cols).await?);
     let now = crate::store::now_ms();
     let rows = page
         .runs
         .iter()
-        .map(|r| run_row(r, &names, &param_cols, &metric_cols, now))
+        .map(|r| run_row(r, &names, &param_cols, &metric_cols, &best, now))
         .collect();
     let link = |sort: &str, cursor: Option<&str>| {
         let mut q = vec![];
@@ -212,6 +221,7 @@ fn run_row(
     names: &BTreeMap<&str, &str>,
     params: &[String],
     metrics: &[String],
+    best: &BTreeMap<(String, String), f64>,
     now: i64,
 ) -> RunRow {
     RunRow {
@@ -230,10 +240,13 @@ fn run_row(
         metrics: metrics
             .iter()
             .map(|k| {
-                r.latest_metrics
-                    .get(k)
-                    .map(|m| fmt_value(m.value))
-                    .unwrap_or_default()
+                let last = r.latest_metrics.get(k).map(|m| fmt_value(m.value));
+                match (last, best.get(&(r.id.clone(), k.clone()))) {
+                    (Some(last), Some(b)) if fmt_value(*b) != last => {
+                        format!("{last} (best {})", fmt_value(*b))
+                    }
+                    (last, _) => last.unwrap_or_default(),
+                }
             })
             .collect(),
         duration: run_duration(r, now),

@@ -3,8 +3,9 @@
 
 use crate::store::{Run, RunStatus};
 use askama::Template;
-use std::collections::{BTreeMap, BTreeSet};
-use trainer::wire::moe_keys;
+use std::collections::BTreeMap;
+
+use crate::http::api::charts::layout;
 
 /// Colours for compared runs: the dashboard's one palette.
 pub use crate::http::palette::PALETTE;
@@ -88,7 +89,11 @@ pub struct RunHeader {
     pub duration: String,
     pub stoppable: bool,
     pub relaunchable: bool,
-    pub exit: Option<String>,
+    /// Ended and launched here with checkpoints: the Resume form is offered.
+    pub resumable: bool,
+    /// Why the run is in its status (the reason of the status change that put it there).
+    pub status_reason: String,
+    pub exit: Option<ExitView>,
     pub tags: Vec<String>,
     pub notes: String,
 }
@@ -100,17 +105,84 @@ pub struct ChartCard {
     pub svg_href: String,
 }
 
+impl ChartCard {
+    /// The key whose latest value the card's header shows (live updates follow it).
+    pub fn first_key(&self) -> &str {
+        self.keys_csv.split(',').next().unwrap_or_default()
+    }
+
+    /// The card's id in the chart layout, which the page's script matches live keys against.
+    pub fn group_id(&self) -> String {
+        layout::group_id(self.first_key()).unwrap_or_default()
+    }
+
+    /// `step` or `seconds`: what the x axis counts.
+    pub fn x_unit(&self) -> &'static str {
+        layout::XUnit::of(self.first_key()).as_str()
+    }
+}
+
 pub struct HeatmapCard {
     pub layer: u32,
-    pub prefix: String,
     pub experts: u32,
+    /// Each row's metric key, in expert order, for live points.
+    pub keys_csv: String,
 }
 
 pub struct CheckpointRow {
     pub name: String,
-    pub href: String,
+    pub step: u64,
+    pub time: String,
     pub size: String,
-    pub modified: String,
+    pub val_loss: String,
+    pub best: bool,
+    pub archive_href: String,
+    pub sample_href: String,
+}
+
+/// How the run's process ended: one summary line, the log tail as lines, and whether it is a
+/// failure (red) or a plain record (a clean exit, a stop).
+pub struct ExitView {
+    pub summary: String,
+    pub tail: String,
+    pub failed: bool,
+}
+
+/// The run page's checkpoints and history panels alone, for its live refresh.
+#[derive(Template)]
+#[template(path = "run_panels.html")]
+pub struct RunPanels {
+    pub run: PanelRun,
+    pub checkpoints: Vec<CheckpointRow>,
+    pub history: Vec<HistoryRow>,
+}
+
+pub struct PanelRun {
+    pub id: String,
+    pub status: &'static str,
+    pub status_reason: String,
+    pub resumable: bool,
+}
+
+#[derive(Template)]
+#[template(path = "sample.html")]
+pub struct SamplePage {
+    pub nav: &'static str,
+    pub run_id: String,
+    pub checkpoint: String,
+    pub prompt: String,
+    pub max_new_tokens: String,
+    pub temperature: String,
+    /// Prompt and continuation, once generated.
+    pub output: Option<String>,
+    pub error: Option<String>,
+}
+
+/// One status change of the run, for its history.
+pub struct HistoryRow {
+    pub time: String,
+    pub to: &'static str,
+    pub reason: String,
 }
 
 #[derive(Template)]
@@ -121,6 +193,7 @@ pub struct RunPage {
     pub charts: Vec<ChartCard>,
     pub heatmaps: Vec<HeatmapCard>,
     pub checkpoints: Vec<CheckpointRow>,
+    pub history: Vec<HistoryRow>,
     pub params: Vec<(String, String)>,
     pub config_yaml: Option<String>,
     pub log_placeholder: String,
@@ -147,11 +220,27 @@ pub struct ComparePage {
     pub runs: Vec<CompareRun>,
     /// `[{"id":..,"name":..}]` for the chart module (escaped into an attribute).
     pub runs_json: String,
-    pub key: String,
+    /// One chart per chosen metric.
+    pub charts: Vec<CompareChart>,
+    /// Every metric of the runs, the chosen ones selected.
     pub keys: Vec<Choice>,
-    pub svg_href: String,
+    /// Final and best of each chosen metric, per run.
+    pub summary: Vec<SummaryRow>,
+    /// Differing keys first.
     pub params: Vec<ParamRow>,
     pub differing: usize,
+}
+
+pub struct CompareChart {
+    pub key: String,
+    pub svg_href: String,
+}
+
+pub struct SummaryRow {
+    pub id: String,
+    pub name: String,
+    /// (final "value @ step", best) per chosen metric.
+    pub cells: Vec<(String, String)>,
 }
 
 pub struct LaunchForm {
@@ -306,121 +395,30 @@ pub fn tag_labels(tags: &BTreeMap<String, String>) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // Run page structure
 
-/// Heatmap cards, one per MoE layer with expert-utilisation keys.
+/// Heatmap cards, one per MoE layer with expert-utilisation keys (the rule is
+/// `http::api::charts::layout`, which the page's script asks for keys that appear later).
 pub fn heatmap_cards(keys: &[String]) -> Vec<HeatmapCard> {
-    let mut layers: BTreeMap<u32, u32> = BTreeMap::new();
-    for k in keys {
-        if let Some((l, e)) = moe_keys::parse_expert(k) {
-            let n = layers.entry(l).or_insert(0);
-            *n = (*n).max(e + 1);
-        }
-    }
-    layers
+    layout::heatmap_groups(keys)
         .into_iter()
-        .map(|(layer, experts)| HeatmapCard {
-            layer,
-            prefix: moe_keys::expert_prefix(layer as usize),
-            experts,
+        .map(|h| HeatmapCard {
+            layer: h.layer,
+            experts: h.experts,
+            keys_csv: h.keys.join(","),
         })
         .collect()
 }
 
-/// Groups metric keys into charts: keys sharing their last path segment share a chart
-/// (`train/loss` with `val/loss`), loss first, then learning rate, gradient norm, throughput,
-/// the rest, and system metrics last. Expert-utilisation keys go to heatmaps instead.
+/// The run page's charts as (title, keys): the one grouping rule of
+/// `http::api::charts::layout`.
 pub fn chart_groups(keys: &[String]) -> Vec<(String, Vec<String>)> {
-    let mut groups: BTreeMap<(u8, String), Vec<String>> = BTreeMap::new();
-    for k in keys {
-        if moe_keys::parse_expert(k).is_some() {
-            continue;
-        }
-        let leaf = k.rsplit('/').next().unwrap_or(k).to_string();
-        let rank = if k.starts_with("sys/") {
-            9
-        } else if leaf.contains("loss") {
-            0
-        } else if leaf == "lr" || leaf.contains("learning_rate") {
-            1
-        } else if leaf.contains("grad_norm") {
-            2
-        } else if leaf.contains("tokens") || leaf.contains("throughput") {
-            3
-        } else {
-            5
-        };
-        // System metrics keep one chart per key: their units differ.
-        let group = if rank == 9 { k.clone() } else { leaf };
-        groups.entry((rank, group)).or_default().push(k.clone());
-    }
-    groups
+    layout::chart_groups(keys)
         .into_iter()
-        .map(|((_, g), mut ks)| {
-            // Training series before validation, so colours are stable across runs.
-            ks.sort_by_key(|k| (!k.starts_with("train"), k.clone()));
-            (chart_title(&g), ks)
-        })
+        .map(|g| (g.title, g.keys))
         .collect()
-}
-
-fn chart_title(group: &str) -> String {
-    match group {
-        "loss" => "Loss".into(),
-        "lr" => "Learning rate".into(),
-        "grad_norm" => "Gradient norm".into(),
-        "tokens_per_sec" | "tokens_per_s" | "tokens/s" => "Tokens / s".into(),
-        other => other.to_string(),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Runs table columns
-
-/// Columns the user asked for (`params.x`, `metrics.y`, comma-separated), or a default: the
-/// loss metrics present on the page and up to three params whose values differ between rows.
-pub fn table_columns(cols: &str, runs: &[Run]) -> (Vec<String>, Vec<String>) {
-    let mut params = Vec::new();
-    let mut metrics = Vec::new();
-    for c in cols.split(',').map(str::trim).filter(|c| !c.is_empty()) {
-        if let Some(p) = c.strip_prefix("params.") {
-            params.push(p.to_string());
-        } else if let Some(m) = c.strip_prefix("metrics.") {
-            metrics.push(m.to_string());
-        } else {
-            metrics.push(c.to_string());
-        }
-    }
-    if !params.is_empty() || !metrics.is_empty() {
-        return (params, metrics);
-    }
-    let metric_keys: BTreeSet<&String> =
-        runs.iter().flat_map(|r| r.latest_metrics.keys()).collect();
-    for wanted in ["train/loss", "val/loss"] {
-        if metric_keys.iter().any(|k| k.as_str() == wanted) {
-            metrics.push(wanted.to_string());
-        }
-    }
-    if metrics.is_empty() {
-        metrics.extend(
-            metric_keys
-                .iter()
-                .filter(|k| moe_keys::parse_expert(k).is_none())
-                .take(2)
-                .map(|k| k.to_string()),
-        );
-    }
-    let param_keys: BTreeSet<&String> = runs.iter().flat_map(|r| r.params.keys()).collect();
-    for k in param_keys {
-        let mut values = runs.iter().map(|r| r.params.get(k));
-        let first = values.next().flatten();
-        if values.any(|v| v != first) {
-            params.push(k.clone());
-            if params.len() == 3 {
-                break;
-            }
-        }
-    }
-    (params, metrics)
-}
 
 /// Line numbers (1-based) of each key path in a YAML mapping document, so a validation error
 /// naming `training.lr` can be shown at its line. Handles the block style profiles use.
@@ -515,36 +513,5 @@ mod tests {
             Some(6),
             "falls back to the section"
         );
-    }
-
-    #[test]
-    fn metric_keys_group_into_charts_and_heatmaps() {
-        let keys: Vec<String> = [
-            "val/loss",
-            "train/loss",
-            "train/lr",
-            "sys/cpu",
-            "moe/layer1/expert3",
-            "moe/layer1/expert0",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let groups = chart_groups(&keys);
-        assert_eq!(
-            groups[0],
-            (
-                "Loss".to_string(),
-                vec!["train/loss".to_string(), "val/loss".to_string()]
-            )
-        );
-        assert_eq!(groups[1].0, "Learning rate");
-        assert_eq!(
-            groups.last().map(|g| g.1.clone()),
-            Some(vec!["sys/cpu".to_string()])
-        );
-        let heat = heatmap_cards(&keys);
-        assert_eq!((heat.len(), heat[0].layer, heat[0].experts), (1, 1, 4));
-        assert_eq!(moe_keys::parse_expert("moe/layer2/expertx"), None);
     }
 }

@@ -36,7 +36,7 @@ pub(super) struct Token {
     pub text: String,
 }
 
-fn is_key_char(c: char) -> bool {
+pub(super) fn is_key_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '/' | '.' | ':')
 }
 

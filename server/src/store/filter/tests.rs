@@ -418,3 +418,21 @@ fn like_patterns_translate_to_equivalent_backend_patterns() {
     assert_eq!(sqlite_glob(&parts, false), "A*[*]%?[[]\\é1");
     assert_eq!(sqlite_glob(&parts, true), "[Aa]*[*]%?[[]\\[éÉ]1");
 }
+
+#[test]
+fn a_filter_lists_each_param_and_metric_key_it_names_once() {
+    use crate::store::KeyKind;
+    let f = Filter::parse(
+        "(metrics.val/loss < 2 or params.training.lr = 0.1) and not metrics.val/loss > 5 \
+         and tags.team = 'a' and name = 'x' and param.model.d_model is null",
+    )
+    .unwrap();
+    assert_eq!(
+        f.keys(),
+        vec![
+            (KeyKind::Metric, "val/loss"),
+            (KeyKind::Param, "training.lr"),
+            (KeyKind::Param, "model.d_model"),
+        ]
+    );
+}

@@ -8,7 +8,9 @@ use super::SqlStore;
 use crate::store::downsample::{self, Agg, Extreme, SeriesSource};
 use crate::store::ingest::SeriesMap;
 use crate::store::sql::{Conn, Row, Sql};
-use crate::store::{common, postgres, MetricKey, Series, SeriesPoint, StoreResult, StoredPoint};
+use crate::store::{
+    common, postgres, MetricExtremes, MetricKey, Series, SeriesPoint, StoreResult, StoredPoint,
+};
 
 /// Steps per `IN` list when looking up stored points.
 const CHUNK: usize = 500;
@@ -144,6 +146,35 @@ impl SeriesSource for SqlSeries<'_> {
 }
 
 impl SqlStore {
+    pub(super) async fn extremes_of(
+        &self,
+        run_ids: &[String],
+        keys: &[String],
+    ) -> StoreResult<Vec<MetricExtremes>> {
+        if run_ids.is_empty() || keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut select = Sql::new(
+            "SELECT s.run_id, s.key, MIN(p.value), MAX(p.value) FROM metric_series s \
+             JOIN metric_points p ON p.series_id = s.id WHERE s.run_id IN ",
+        );
+        select.tuple(run_ids);
+        select.push(" AND s.key IN ");
+        select.tuple(keys);
+        select.push(" GROUP BY s.run_id, s.key");
+        let mut conn = self.reader().await?;
+        let rows = conn.fetch_all(select).await?;
+        let extremes = |r: &Row| -> Result<MetricExtremes, sqlx::Error> {
+            Ok(MetricExtremes {
+                run_id: r.get(0)?,
+                key: r.get(1)?,
+                min: r.get(2)?,
+                max: r.get(3)?,
+            })
+        };
+        Ok(rows.iter().map(extremes).collect::<Result<_, _>>()?)
+    }
+
     pub(super) async fn keys_of(&self, run_id: &str) -> StoreResult<Vec<MetricKey>> {
         let mut conn = self.reader().await?;
         self.run_exists(&mut conn, run_id).await?;

@@ -330,6 +330,31 @@ impl SqlStore {
         self.find_run(id).await
     }
 
+    pub(super) async fn replace_exit(&self, id: &str, exit: Option<ExitInfo>) -> StoreResult<()> {
+        let exit = exit.unwrap_or_default();
+        let mut tx = self.begin_write().await?;
+        let result = async {
+            let set = Sql::new(
+                "UPDATE runs SET exit_code = $1, exit_signal = $2, exit_message = $3 \
+                 WHERE id = $4",
+            );
+            let changed = tx
+                .execute(
+                    set.bind(exit.exit_code)
+                        .bind(exit.signal)
+                        .bind(exit.message.as_deref())
+                        .bind(id),
+                )
+                .await?;
+            if changed == 0 {
+                return Err(common::not_found_run(id));
+            }
+            Ok(())
+        }
+        .await;
+        tx.finish(result).await
+    }
+
     pub(super) async fn change_status(
         &self,
         id: &str,

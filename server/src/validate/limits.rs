@@ -1,11 +1,8 @@
 //! How much text a client may store per field, checked before anything reaches the store or a
-//! parser. Every limit is one constant here; a field over its limit is a 422 naming the field
-//! and the limit (a launch request's config is a 400, like every other launch-config mistake).
-//! `docs/security.md` lists them for users.
+//! parser. Every limit is one constant here; a field over its limit is refused naming the field
+//! and the limit. `docs/security.md` lists them for users.
 
-use std::collections::BTreeMap;
-
-use crate::http::error::ApiError;
+use super::Invalid;
 
 /// Experiment, run and tag-key names, in bytes.
 pub const MAX_NAME_LEN: usize = 200;
@@ -31,61 +28,27 @@ pub const MAX_COMMAND_BYTES: usize = 16 * 1024;
 pub const MAX_OVERRIDES: usize = 100;
 /// One override value, in bytes (it is parsed as YAML like a config).
 pub const MAX_OVERRIDE_VALUE_LEN: usize = 4 * 1024;
+/// A launch's `working_dir`, in bytes (Linux' PATH_MAX).
+pub const MAX_WORKING_DIR_LEN: usize = 4096;
 /// Notes shown per run in the runs list; the whole text is on `GET /api/v1/runs/{id}`.
 pub const LIST_NOTES_LEN: usize = 1024;
 
-fn too_long(field: &str, len: usize, max: usize) -> ApiError {
-    ApiError::unprocessable(
+fn too_long(field: &str, len: usize, max: usize) -> Invalid {
+    Invalid::new(
         field,
         format!("{field} is {len} bytes long; at most {max} are allowed"),
     )
 }
 
 /// At most `max` bytes.
-pub fn check_len(field: &str, text: &str, max: usize) -> Result<(), ApiError> {
+pub fn check_len(field: &str, text: &str, max: usize) -> Result<(), Invalid> {
     if text.len() > max {
         return Err(too_long(field, text.len(), max));
     }
     Ok(())
 }
 
-/// A user-given name: non-blank, bounded, single line.
-pub fn validate_name(field: &str, name: &str) -> Result<(), ApiError> {
-    if name.trim().is_empty() {
-        return Err(ApiError::unprocessable(
-            field,
-            format!("{field} must not be empty"),
-        ));
-    }
-    check_len(field, name, MAX_NAME_LEN)?;
-    if name.chars().any(char::is_control) {
-        return Err(ApiError::unprocessable(
-            field,
-            format!("{field} must not contain control characters"),
-        ));
-    }
-    Ok(())
-}
-
-/// Tag keys are names; values are bounded; so is their number.
-pub fn validate_tags(tags: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    if tags.len() > MAX_TAGS {
-        return Err(ApiError::unprocessable(
-            "tags",
-            format!(
-                "tags has {} entries; at most {MAX_TAGS} are allowed",
-                tags.len()
-            ),
-        ));
-    }
-    for (key, value) in tags {
-        validate_name("tags", key)?;
-        check_len(&format!("tags.{key}"), value, MAX_TAG_VALUE_LEN)?;
-    }
-    Ok(())
-}
-
-/// The size and nesting limits of a config, as a message (the caller picks the status).
+/// The size and nesting limits of a config, as a message.
 pub fn config_limit_error(config: &serde_json::Value) -> Option<String> {
     let size = json_size(config);
     if size > MAX_CONFIG_BYTES {
@@ -121,22 +84,16 @@ pub fn yaml_limit_error(field: &str, text: &str) -> Option<String> {
 
 /// A tracked run's config (`POST /runs` without launch, `PATCH /runs/{id}`): a JSON object
 /// within the size and nesting limits whose flattened keys and values are bounded too.
-pub fn validate_config(config: &Option<serde_json::Value>) -> Result<(), ApiError> {
-    let Some(config) = config else {
-        return Ok(());
-    };
+pub fn check_tracked_config(config: &serde_json::Value) -> Result<(), Invalid> {
     if !config.is_object() {
-        return Err(ApiError::unprocessable(
-            "config",
-            "config must be a JSON object",
-        ));
+        return Err(Invalid::new("config", "config must be a JSON object"));
     }
     if let Some(message) = config_limit_error(config) {
-        return Err(ApiError::unprocessable("config", message));
+        return Err(Invalid::new("config", message));
     }
     for (key, value) in crate::store::flatten_params(config) {
         if key.len() > MAX_PARAM_KEY_LEN {
-            return Err(ApiError::unprocessable(
+            return Err(Invalid::new(
                 "config",
                 format!(
                     "config key `{}…` is {} bytes long; at most {MAX_PARAM_KEY_LEN} are allowed",

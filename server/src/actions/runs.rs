@@ -1,0 +1,90 @@
+//! Editing, stopping and resuming a run.
+
+use tracing::instrument;
+
+use crate::app::AppState;
+use crate::checkpoints::{self, ResumePoint};
+use crate::http::error::ApiError;
+use crate::launcher::StopOutcome;
+use crate::status::{change_status, illegal_transition, transition_allowed, Actor};
+use crate::store::{Run, RunUpdate};
+use crate::validate::{Name, RunEdit};
+
+/// Applies an edit (name, tags merged, notes, the write-once config, a status change with its
+/// reason) and returns the run as stored. A refused edit changes nothing.
+#[instrument(skip(state, edit))]
+pub async fn edit_run(state: &AppState, id: &str, edit: RunEdit) -> Result<Run, ApiError> {
+    let current = state.store.get_run(id).await?;
+    // Refuse an illegal status change before anything else is written, so a refused request
+    // changes nothing (`change_status` checks again under the run's lock).
+    if let Some(status) = edit.status {
+        if status != current.status && !transition_allowed(current.status, status, Actor::Client) {
+            return Err(illegal_transition(current.status, status).into());
+        }
+    }
+    if let Some(tags) = &edit.tags {
+        tags.check_merge(&current.tags)?;
+    }
+    let (status, reason) = (edit.status, edit.reason.clone());
+    let mut run = if edit.has_fields() {
+        let update = RunUpdate {
+            name: edit.name.map(Name::into_string),
+            tags: edit.tags.map(|t| t.into_inner()),
+            notes: edit.notes,
+            config: edit.config,
+        };
+        state.store.update_run(id, update).await?
+    } else {
+        current
+    };
+    if let Some(status) = status {
+        if status != run.status {
+            change_status(
+                state.store.as_ref(),
+                &state.live,
+                id,
+                status,
+                reason.as_deref(),
+                None,
+                Actor::Client,
+            )
+            .await?;
+            run = state.store.get_run(id).await?;
+        }
+    }
+    Ok(run)
+}
+
+/// Stops a launched run: a queued one leaves the queue, a running one gets SIGTERM (it
+/// checkpoints and exits) and SIGKILL after the grace period.
+#[instrument(skip(state))]
+pub async fn stop_run(state: &AppState, id: &str) -> Result<StopOutcome, ApiError> {
+    state.store.get_run(id).await?;
+    Ok(state.launcher.stop(id).await?)
+}
+
+/// Continues an ended run that this server launched from one of its checkpoints, as a new
+/// attempt of the same run: its metrics go on in the same series (a step already stored keeps
+/// its first value), and the attempt is recorded in its events and its `trainyard.attempts`
+/// tag.
+#[instrument(skip(state))]
+pub async fn resume_run(
+    state: &AppState,
+    id: &str,
+    from: ResumePoint,
+    gpus: Option<usize>,
+) -> Result<Run, ApiError> {
+    state.store.get_run(id).await?;
+    if !state.launcher.is_launched(id) {
+        // Before resolving a checkpoint: "not launched here" says more than "no checkpoint".
+        return Err(crate::launcher::LaunchError::NotLaunched(id.to_string()).into());
+    }
+    let dir = state.launcher.run_dir(id);
+    let (checkpoint, path) = tokio::task::spawn_blocking(move || checkpoints::resolve(&dir, &from))
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))??;
+    Ok(state
+        .launcher
+        .resume(id, path, checkpoint.step, gpus)
+        .await?)
+}

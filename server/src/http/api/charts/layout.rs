@@ -1,0 +1,226 @@
+//! Which chart shows which metric key: the one grouping rule. The run page renders its chart
+//! cards from it, and `GET /api/v1/runs/{id}/charts` sends it to the page's script, which
+//! creates the cards of keys that appear while the page is open. So a live page and a reloaded
+//! one group and order their charts identically.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use trainer::wire::moe_keys;
+
+/// What a chart's x axis counts in step mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum XUnit {
+    /// Training steps.
+    Step,
+    /// Seconds since the run started: the launcher records `sys/...` samples at that step.
+    Seconds,
+}
+
+impl XUnit {
+    pub fn of(key: &str) -> XUnit {
+        if key.starts_with("sys/") {
+            XUnit::Seconds
+        } else {
+            XUnit::Step
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XUnit::Step => "step",
+            XUnit::Seconds => "seconds",
+        }
+    }
+
+    /// The x axis' caption.
+    pub fn caption(self) -> &'static str {
+        match self {
+            XUnit::Step => "step",
+            XUnit::Seconds => "time since start (s)",
+        }
+    }
+}
+
+/// One chart card: the keys it overlays, in colour order.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct ChartGroup {
+    /// Stable across page loads: identifies the card for live additions.
+    pub id: String,
+    pub title: String,
+    pub keys: Vec<String>,
+    pub x_unit: XUnit,
+}
+
+/// One expert-utilisation heatmap: a MoE layer's expert keys, in expert order.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct HeatmapGroup {
+    pub layer: u32,
+    pub experts: u32,
+    pub keys: Vec<String>,
+}
+
+/// A run's charts in page order.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct ChartLayout {
+    pub charts: Vec<ChartGroup>,
+    pub heatmaps: Vec<HeatmapGroup>,
+}
+
+/// The chart a key belongs to, as (rank, group): keys sharing their last path segment share a
+/// chart (`train/loss` with `val/loss`); loss first, then learning rate, gradient norm,
+/// throughput, the rest, and system metrics last, one chart per key (their units differ).
+/// Expert-utilisation keys belong to heatmaps (`None`).
+fn group_of(key: &str) -> Option<(u8, String)> {
+    if moe_keys::parse_expert(key).is_some() {
+        return None;
+    }
+    let leaf = key.rsplit('/').next().unwrap_or(key).to_string();
+    let rank = if key.starts_with("sys/") {
+        9
+    } else if leaf.contains("loss") {
+        0
+    } else if leaf == "lr" || leaf.contains("learning_rate") {
+        1
+    } else if leaf.contains("grad_norm") {
+        2
+    } else if leaf.contains("tokens") || leaf.contains("throughput") {
+        3
+    } else {
+        5
+    };
+    Some(if rank == 9 {
+        (rank, key.to_string())
+    } else {
+        (rank, leaf)
+    })
+}
+
+/// The card id of the chart showing `key` (`None` for heatmap keys).
+pub fn group_id(key: &str) -> Option<String> {
+    group_of(key).map(|(rank, group)| format!("{rank}:{group}"))
+}
+
+/// Groups metric keys into charts (see [`group_of`]). Within a chart, training series come
+/// before the others, so colours are stable across runs.
+pub fn chart_groups(keys: &[String]) -> Vec<ChartGroup> {
+    // Within a rank, the chart named after the rank comes first (`loss` before `aux_loss`).
+    let mut groups: BTreeMap<(u8, bool, String), Vec<String>> = BTreeMap::new();
+    for k in keys {
+        if let Some((rank, group)) = group_of(k) {
+            let named_otherwise = !matches!(group.as_str(), "loss" | "lr");
+            groups
+                .entry((rank, named_otherwise, group))
+                .or_default()
+                .push(k.clone());
+        }
+    }
+    groups
+        .into_iter()
+        .map(|((rank, _, group), mut ks)| {
+            ks.sort_by_key(|k| (!k.starts_with("train"), k.clone()));
+            ks.dedup();
+            ChartGroup {
+                id: format!("{rank}:{group}"),
+                title: chart_title(&group),
+                x_unit: XUnit::of(&ks[0]),
+                keys: ks,
+            }
+        })
+        .collect()
+}
+
+fn chart_title(group: &str) -> String {
+    match group {
+        "loss" => "Loss".into(),
+        "lr" => "Learning rate".into(),
+        "grad_norm" => "Gradient norm".into(),
+        "tokens_per_sec" | "tokens_per_s" | "tokens/s" => "Tokens / s".into(),
+        other => other.to_string(),
+    }
+}
+
+/// One heatmap per MoE layer with expert-utilisation keys, its rows experts 0 to the highest
+/// index seen.
+pub fn heatmap_groups(keys: &[String]) -> Vec<HeatmapGroup> {
+    let mut layers: BTreeMap<u32, u32> = BTreeMap::new();
+    for k in keys {
+        if let Some((l, e)) = moe_keys::parse_expert(k) {
+            let n = layers.entry(l).or_insert(0);
+            *n = (*n).max(e.saturating_add(1));
+        }
+    }
+    layers
+        .into_iter()
+        .map(|(layer, experts)| HeatmapGroup {
+            layer,
+            experts,
+            keys: (0..experts as usize)
+                .map(|e| moe_keys::expert(layer as usize, e))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Both, for a run's keys.
+pub fn layout(keys: &[String]) -> ChartLayout {
+    ChartLayout {
+        charts: chart_groups(keys),
+        heatmaps: heatmap_groups(keys),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn metric_keys_group_into_charts_and_heatmaps() {
+        let k = keys(&[
+            "val/loss",
+            "train/loss",
+            "train/lr",
+            "sys/cpu",
+            "moe/layer1/expert3",
+            "moe/layer1/expert0",
+        ]);
+        let groups = chart_groups(&k);
+        assert_eq!(groups[0].title, "Loss");
+        assert_eq!(groups[0].keys, keys(&["train/loss", "val/loss"]));
+        assert_eq!(groups[0].x_unit, XUnit::Step);
+        assert_eq!(groups[1].title, "Learning rate");
+        let last = groups.last().cloned();
+        assert_eq!(
+            last.as_ref().map(|g| g.keys.clone()),
+            Some(keys(&["sys/cpu"]))
+        );
+        assert_eq!(last.map(|g| g.x_unit), Some(XUnit::Seconds));
+        let heat = heatmap_groups(&k);
+        assert_eq!((heat.len(), heat[0].layer, heat[0].experts), (1, 1, 4));
+        assert_eq!(heat[0].keys[3], "moe/layer1/expert3");
+        assert_eq!(moe_keys::parse_expert("moe/layer2/expertx"), None);
+    }
+
+    #[test]
+    fn a_key_that_appears_later_joins_the_chart_a_reload_would_put_it_in() {
+        let before = chart_groups(&keys(&["train/loss", "train/lr"]));
+        let after = chart_groups(&keys(&[
+            "train/loss",
+            "train/lr",
+            "val/loss",
+            "moe/aux_loss",
+        ]));
+        let loss = after.iter().find(|g| g.title == "Loss").cloned();
+        let loss = loss.unwrap_or_else(|| panic!("no loss chart in {after:?}"));
+        assert_eq!(before[0].id, loss.id, "the loss card keeps its id");
+        assert_eq!(loss.keys, keys(&["train/loss", "val/loss"]));
+        assert_eq!(group_id("val/loss"), Some(loss.id));
+        assert_eq!(group_id("moe/layer0/expert1"), None);
+        assert_eq!(after[0].title, "Loss", "the main loss chart comes first");
+        assert!(after.iter().any(|g| g.keys == keys(&["moe/aux_loss"])));
+    }
+}
