@@ -1,5 +1,6 @@
 //! Trainyard server: tracking store, REST API, live events, dashboard and launcher.
 
+pub mod access;
 pub mod actions;
 pub mod app;
 pub mod checkpoints;

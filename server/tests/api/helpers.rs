@@ -215,6 +215,17 @@ pub struct SseClient {
 }
 
 impl SseClient {
+    /// Reads the events of an already opened `text/event-stream` response.
+    pub fn from_response(response: Response) -> SseClient {
+        SseClient {
+            stream: response
+                .bytes_stream()
+                .map(|r| r.map(|b| b.to_vec()))
+                .boxed(),
+            buffer: String::new(),
+        }
+    }
+
     /// The next named event (keep-alive comments are skipped); panics after 10 s of silence.
     pub async fn next_event(&mut self) -> SseEvent {
         loop {

@@ -199,6 +199,8 @@ pub struct RunPage {
     pub log_placeholder: String,
     /// Highest step already stored: the live stream starts after it (empty: from the start).
     pub after_step: String,
+    /// Whether the caller may act on the run (stop, resume, relaunch, tags, notes): EDIT.
+    pub can_edit: bool,
 }
 
 pub struct CompareRun {
