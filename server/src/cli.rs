@@ -36,6 +36,8 @@ pub enum Command {
     Sample(trainer::cli::SampleArgs),
     /// Tokenizer tools (`tokenizer train --input ... --vocab-size N --out tokenizer.json`).
     Tokenizer(trainer::cli::TokenizerArgs),
+    /// Manage accounts on the server's database (`user add NAME --admin`, `user list`, ...).
+    User(crate::user_cli::UserArgs),
 }
 
 #[derive(Debug, Args)]
@@ -155,6 +157,7 @@ impl ServeArgs {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
+        Command::User(args) => crate::user_cli::run(args).await,
         // The trainer is synchronous (and its HTTP reporter blocking): keep it off the runtime.
         Command::Train(args) => {
             tokio::task::spawn_blocking(move || trainer::cli::run_train(args)).await?

@@ -15,4 +15,5 @@ pub mod status;
 pub mod store;
 pub mod submit;
 pub mod telemetry;
+pub mod user_cli;
 pub mod validate;

@@ -56,7 +56,7 @@ pub async fn check(
     let request = if write && rule != policy::Rule::Public {
         match csrf_checked(&state, &principal, request).await {
             Ok(r) => r,
-            Err(response) => return response,
+            Err(response) => return *response,
         }
     } else {
         request
@@ -124,7 +124,7 @@ async fn csrf_checked(
     state: &AppState,
     principal: &Principal,
     request: Request,
-) -> Result<Request, Response> {
+) -> Result<Request, Box<Response>> {
     let Some(expected) = principal.session_csrf() else {
         return Ok(request);
     };
@@ -136,7 +136,7 @@ async fn csrf_checked(
         let denied = Denied::Forbidden(
             "this form or request is missing its CSRF token; reload the page and try again".into(),
         );
-        Err(refuse_plain(page, denied))
+        Err(Box::new(refuse_plain(page, denied)))
     };
     if let Some(sent) = request.headers().get(CSRF_HEADER) {
         return if principal::constant_time_eq(sent.as_bytes(), expected.as_bytes()) {
@@ -156,7 +156,9 @@ async fn csrf_checked(
     let (parts, body) = request.into_parts();
     let limit = state.settings.body_limit.min(FORM_LIMIT);
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return Err(ApiError::PayloadTooLarge("the form is too large".into()).into_response());
+        return Err(Box::new(
+            ApiError::PayloadTooLarge("the form is too large".into()).into_response(),
+        ));
     };
     let sent = form_urlencoded_field(&bytes, "csrf");
     match sent {
@@ -178,6 +180,26 @@ fn refuse_plain(page: bool, denied: Denied) -> Response {
 fn form_urlencoded_field(body: &[u8], name: &str) -> Option<String> {
     let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body).ok()?;
     pairs.into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
+}
+
+/// The client's address, as the accept loop saw it (for the audit log and sign-in throttling).
+/// Behind a reverse proxy this is the proxy's address.
+pub struct Client(pub Option<String>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Client {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Client(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip().to_string()),
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -203,25 +225,5 @@ mod tests {
         assert!(!is_page("/api/v1/runs/{id}"));
         assert!(!is_page("/healthz"));
         assert!(is_page("/runs/{id}"));
-    }
-}
-
-/// The client's address, as the accept loop saw it (for the audit log and sign-in throttling).
-/// Behind a reverse proxy this is the proxy's address.
-pub struct Client(pub Option<String>);
-
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Client {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        _: &S,
-    ) -> Result<Self, Self::Rejection> {
-        Ok(Client(
-            parts
-                .extensions
-                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|c| c.0.ip().to_string()),
-        ))
     }
 }

@@ -61,6 +61,18 @@ pub async fn spawn_pg_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
 }
 
 impl TestApp {
+    /// A test app around a server the test spawned itself (on a data directory it chose).
+    pub fn from_spawned(spawned: kit::Spawned) -> TestApp {
+        TestApp {
+            address: spawned.address,
+            client: kit::client(),
+            token: None,
+            state: spawned.state,
+            _data_dir: tempfile::tempdir().expect("temp dir"),
+            _pg_database: None,
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.address, path)
     }

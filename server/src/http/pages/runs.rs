@@ -250,6 +250,7 @@ fn run_row(
         short_id: r.id.chars().take(8).collect(),
         name: r.name.clone(),
         status: r.status.as_str(),
+        user: r.created_by.clone().unwrap_or_default(),
         experiment: names
             .get(r.experiment_id.as_str())
             .unwrap_or(&"?")

@@ -56,6 +56,8 @@ pub struct RunRow {
     pub name: String,
     pub status: &'static str,
     pub experiment: String,
+    /// Who created the run (empty without accounts).
+    pub user: String,
     pub params: Vec<String>,
     pub metrics: Vec<String>,
     pub duration: String,

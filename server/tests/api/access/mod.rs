@@ -1,6 +1,7 @@
 //! Accounts and access control, black-box: a server with accounts on, users with each role on
 //! one experiment, and what each of them gets from every route.
 
+mod cli;
 mod matrix;
 mod sessions;
 mod tokens;

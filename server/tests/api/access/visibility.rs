@@ -211,6 +211,15 @@ async fn runs_record_their_creator_and_a_new_experiment_its_owner(app: &TestApp)
     let id = create_runs(app, &alice, "mine", 1).await.remove(0);
     let run = admin(app, Method::GET, &format!("/api/v1/runs/{id}"), json!({})).await;
     assert_eq!(run["created_by"], "alice");
+    let table = send(app, &alice, Method::GET, "/", None)
+        .await
+        .text()
+        .await
+        .expect("page");
+    assert!(
+        table.contains(&format!("data-user-of=\"{id}\">by alice")),
+        "{table}"
+    );
     let sharing = admin(
         app,
         Method::GET,
