@@ -213,6 +213,12 @@ pub fn rule(method: &Method, pattern: &str) -> Option<Rule> {
         .map(|(_, _, rule)| *rule)
 }
 
+/// Whether some method of this route pattern has a rule. A method without one is answered 405
+/// by the access check, so this table is also the list of methods each route serves.
+pub fn has_route(pattern: &str) -> bool {
+    RULES.iter().any(|(_, p, _)| *p == pattern)
+}
+
 /// Every `(method, pattern)` with a rule, for the role-matrix test.
 pub fn routes() -> impl Iterator<Item = (&'static Method, &'static str, Rule)> {
     RULES.iter().map(|(m, p, r)| (m, *p, *r))

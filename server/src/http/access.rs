@@ -39,6 +39,10 @@ pub async fn check(
         Err(ResolveError::Store(e)) => return refuse(&state, page, &request, Denied::Store(e)),
     };
     let Some(rule) = policy::rule(&method, &pattern) else {
+        if policy::has_route(&pattern) {
+            // The route exists, but not with this method: the table lists every method served.
+            return ApiError::MethodNotAllowed(method.to_string()).into_response();
+        }
         // A server bug, refused for everyone (the local user too) so that the first test of a
         // new route without a row in `access::policy` fails instead of the route being open.
         let bug = format!("route {method} {pattern} has no access rule");

@@ -5,6 +5,7 @@ mod cli;
 mod matrix;
 mod sessions;
 mod tokens;
+mod upgrade;
 mod visibility;
 
 use reqwest::header::{CONTENT_TYPE, COOKIE};

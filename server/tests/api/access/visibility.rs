@@ -236,3 +236,54 @@ crate::on_both_backends_with!(accounts;
     the_global_stream_carries_only_readable_runs,
     runs_record_their_creator_and_a_new_experiment_its_owner,
 );
+
+fn accounts_sharing_by_default(s: &mut trainyard::app::Settings) {
+    accounts(s);
+    s.default_level = trainyard::store::accounts::Level::Read;
+}
+
+async fn the_default_level_lets_every_signed_in_user_read_new_experiments(app: &TestApp) {
+    add_user(app, "alice", false).await;
+    add_user(app, "bob", false).await;
+    let alice = sign_in(app, "alice", PASSWORD).await;
+    let bob = sign_in(app, "bob", PASSWORD).await;
+    let id = create_runs(app, &alice, "open-lab", 1).await.remove(0);
+    assert_eq!(
+        send(app, &bob, Method::GET, &format!("/api/v1/runs/{id}"), None)
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    // Reading is not editing.
+    let tag = json!({"tags": {"k": "v"}});
+    let r = send(
+        app,
+        &bob,
+        Method::PATCH,
+        &format!("/api/v1/runs/{id}"),
+        Some(&tag),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // Its owner can make it private again.
+    let private = json!({"default_level": "none"});
+    let r = send(
+        app,
+        &alice,
+        Method::PATCH,
+        "/api/v1/experiments/open-lab",
+        Some(&private),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        send(app, &bob, Method::GET, &format!("/api/v1/runs/{id}"), None)
+            .await
+            .status(),
+        StatusCode::NOT_FOUND
+    );
+}
+
+crate::on_both_backends_with!(accounts_sharing_by_default;
+    the_default_level_lets_every_signed_in_user_read_new_experiments,
+);
