@@ -12,10 +12,19 @@ export async function getJSON(url) {
   return res.json();
 }
 
+/** The session's CSRF token, which every write made with the session cookie must echo. */
+function csrfToken() {
+  return document.querySelector('meta[name="csrf-token"]')?.content ?? "";
+}
+
 export async function sendJSON(method, url, body) {
   const res = await fetch(url, {
     method,
-    headers: { "content-type": "application/json", accept: "application/json" },
+    headers: {
+      "content-type": "application/json",
+      accept: "application/json",
+      "x-csrf-token": csrfToken(),
+    },
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   let data = null;

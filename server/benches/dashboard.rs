@@ -63,6 +63,7 @@ async fn main() {
                         config: Some(config),
                         tags: BTreeMap::from([("sweep".to_string(), format!("s{}", i % 10))]),
                         status: None,
+                        created_by: None,
                     })
                     .await
                     .expect("create run");

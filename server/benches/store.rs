@@ -144,6 +144,7 @@ async fn search(store: &DynStore) {
             dir: SortDir::Desc,
             limit: 100,
             cursor: None,
+            visible_experiments: None,
         };
         let mut times = Vec::new();
         for _ in 0..10 {

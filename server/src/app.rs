@@ -18,6 +18,7 @@ use crate::http;
 use crate::launcher::hooks::AppHooks;
 use crate::launcher::{Launcher, LauncherSettings};
 use crate::live::LiveHub;
+use crate::store::accounts::Level;
 use crate::store::{self, DynStore};
 
 /// Largest request body accepted (a full 10,000-point batch is well under 1 MiB).
@@ -65,6 +66,14 @@ pub struct Settings {
     /// A running run this server did not launch is marked `lost` after this long without a
     /// heartbeat, metric or update from its client (`crate::liveness`).
     pub lost_after: Duration,
+    /// Accounts on a loopback address too (`--auth`); any other address always has them.
+    pub auth: bool,
+    /// The level every signed-in user gets on experiments created from now on.
+    pub default_level: Level,
+    /// A browser session ends after this long without a request...
+    pub session_idle: Duration,
+    /// ...and this long after sign-in in any case.
+    pub session_max: Duration,
     /// GPUs, CPU slots, stop grace period and trainer binary of the local executor
     /// (its `data_dir` is replaced by the one above).
     pub launcher: LauncherSettings,
@@ -89,6 +98,10 @@ impl std::fmt::Debug for Settings {
             .field("max_connections", &self.max_connections)
             .field("allow_command_launch", &self.allow_command_launch)
             .field("lost_after", &self.lost_after)
+            .field("auth", &self.auth)
+            .field("default_level", &self.default_level)
+            .field("session_idle", &self.session_idle)
+            .field("session_max", &self.session_max)
             .finish()
     }
 }
@@ -110,6 +123,10 @@ impl Settings {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             allow_command_launch: false,
             lost_after: DEFAULT_LOST_AFTER,
+            auth: false,
+            default_level: Level::None,
+            session_idle: Duration::from_secs(12 * 3600),
+            session_max: Duration::from_secs(7 * 86_400),
         }
     }
 
@@ -149,6 +166,8 @@ pub struct AppState {
     pub launcher: Launcher,
     /// Last signs of life of runs reporting from elsewhere.
     pub liveness: Arc<crate::liveness::Liveness>,
+    /// Failed sign-ins per user and per client (`access::throttle`).
+    pub throttle: Arc<crate::access::throttle::Throttle>,
 }
 
 impl AppState {
@@ -160,12 +179,19 @@ impl AppState {
             store: store.clone(),
             live: live.clone(),
         });
-        let launcher = Launcher::new(launcher_settings, store.clone(), hooks)
-            .with_token(settings.admin_token.clone());
+        let launcher = Launcher::new(launcher_settings, store.clone(), hooks).with_run_tokens(
+            settings.auth
+                || !settings.addr.ip().is_loopback()
+                || settings
+                    .admin_token
+                    .as_deref()
+                    .is_some_and(|t| !t.is_empty()),
+        );
         AppState {
             store,
             live,
             liveness: Arc::new(crate::liveness::Liveness::new(settings.lost_after)),
+            throttle: Arc::default(),
             settings: Arc::new(settings),
             launcher,
         }
@@ -181,8 +207,14 @@ pub fn app(state: AppState) -> Router {
     let hosts = Arc::new(http::guard::HostRules::new(&state.settings));
     Router::new()
         .merge(http::api::health::router())
-        .nest("/api/v1", http::api_router(&state))
-        .merge(http::pages::router(&state))
+        .nest("/api/v1", http::api_router())
+        .merge(http::pages::router())
+        // The one access check, on every route above (not on fallbacks: an unknown path is a
+        // 404 whoever asks).
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            http::access::check,
+        ))
         .fallback(http::not_found)
         .layer(middleware::from_fn(http::guard::reject_nul_bytes))
         .layer(DefaultBodyLimit::max(state.settings.body_limit))

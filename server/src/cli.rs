@@ -8,6 +8,8 @@ use std::time::Duration;
 use axum::http::Uri;
 use clap::{Args, Parser, Subcommand};
 
+use crate::store::accounts::Level;
+
 use crate::app::{Application, Settings, DEFAULT_BODY_LIMIT};
 use crate::http::guard::{parse_host_name, parse_public_url};
 
@@ -34,6 +36,8 @@ pub enum Command {
     Sample(trainer::cli::SampleArgs),
     /// Tokenizer tools (`tokenizer train --input ... --vocab-size N --out tokenizer.json`).
     Tokenizer(trainer::cli::TokenizerArgs),
+    /// Manage accounts on the server's database (`user add NAME --admin`, `user list`, ...).
+    User(crate::user_cli::UserArgs),
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +96,29 @@ pub struct ServeArgs {
     #[arg(long, env = "TRAINYARD_LOST_AFTER", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub lost_after_secs: u64,
+    /// Turn accounts on (sign-in, tokens, per-experiment roles) on a loopback address too;
+    /// any other address always has them.
+    #[arg(long, env = "TRAINYARD_AUTH")]
+    pub auth: bool,
+    /// The level every signed-in user gets on experiments created from now on: `none`,
+    /// `read` or `edit` (owners and grants can change it per experiment).
+    #[arg(long, env = "TRAINYARD_DEFAULT_LEVEL", default_value = "none", value_parser = parse_default_level)]
+    pub default_level: Level,
+    /// Hours of inactivity after which a browser session ends.
+    #[arg(long, env = "TRAINYARD_SESSION_IDLE_HOURS", default_value_t = 12,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_idle_hours: u64,
+    /// Days after sign-in at which a session ends, however active.
+    #[arg(long, env = "TRAINYARD_SESSION_MAX_DAYS", default_value_t = 7,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_max_days: u64,
+}
+
+fn parse_default_level(text: &str) -> Result<Level, String> {
+    match Level::parse(text) {
+        Some(level) if level <= Level::Edit => Ok(level),
+        _ => Err(format!("expected none, read or edit, not `{text}`")),
+    }
 }
 
 impl ServeArgs {
@@ -118,6 +145,10 @@ impl ServeArgs {
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             allow_command_launch: self.allow_command_launch,
             lost_after: Duration::from_secs(self.lost_after_secs),
+            auth: self.auth,
+            default_level: self.default_level,
+            session_idle: Duration::from_secs(self.session_idle_hours * 3600),
+            session_max: Duration::from_secs(self.session_max_days * 86_400),
         })
     }
 }
@@ -126,6 +157,7 @@ impl ServeArgs {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
+        Command::User(args) => crate::user_cli::run(args).await,
         // The trainer is synchronous (and its HTTP reporter blocking): keep it off the runtime.
         Command::Train(args) => {
             tokio::task::spawn_blocking(move || trainer::cli::run_train(args)).await?

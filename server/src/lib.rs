@@ -1,5 +1,6 @@
 //! Trainyard server: tracking store, REST API, live events, dashboard and launcher.
 
+pub mod access;
 pub mod actions;
 pub mod app;
 pub mod checkpoints;
@@ -14,4 +15,5 @@ pub mod status;
 pub mod store;
 pub mod submit;
 pub mod telemetry;
+pub mod user_cli;
 pub mod validate;

@@ -114,6 +114,7 @@ pub async fn mark_silent_runs_lost(state: &AppState, now_ms: i64) -> StoreResult
                 dir: SortDir::Asc,
                 limit: 500,
                 cursor: cursor.take(),
+                visible_experiments: None,
             })
             .await?;
         for run in page.runs {

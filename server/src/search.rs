@@ -98,8 +98,30 @@ impl SearchParams {
             dir,
             limit,
             cursor: given(&self.cursor).map(str::to_string),
+            visible_experiments: None,
         })
     }
+}
+
+/// [`SearchParams::to_query`] for a caller: only runs of experiments it may read (filtered in
+/// the query, so pages are full), and an experiment it may not read is "not found".
+pub async fn visible_query(
+    state: &crate::app::AppState,
+    principal: &crate::access::Principal,
+    params: &SearchParams,
+) -> Result<RunQuery, crate::http::ApiError> {
+    let mut query = params.to_query(&state.store).await?;
+    let visible = principal.readable_experiments(state).await?;
+    if let (Some(visible), Some(experiment)) = (&visible, &query.experiment_id) {
+        if !visible.contains(experiment) {
+            return Err(crate::http::ApiError::NotFound(format!(
+                "experiment `{}` not found",
+                params.value("experiment")
+            )));
+        }
+    }
+    query.visible_experiments = visible;
+    Ok(query)
 }
 
 /// A search can fail on its parameters or in the store (an unknown experiment, say).

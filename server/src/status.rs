@@ -96,6 +96,12 @@ pub async fn change_status(
         return Err(illegal_transition(from, status));
     }
     let event = store.set_status(run_id, status, reason, exit).await?;
+    if status.is_terminal() {
+        // The run's own tokens end with it (a restart or resume issues a new one).
+        store
+            .revoke_run_tokens(run_id, crate::store::now_ms())
+            .await?;
+    }
     let from_status = event.from_status.map_or("none", |s| s.as_str());
     tracing::info!(from = from_status, to = %event.to_status, "run status changed");
     live.publish_status(event.clone());

@@ -12,6 +12,7 @@ mod support;
 
 mod charts;
 mod resume;
+mod teams;
 
 use fantoccini::Locator;
 use serde_json::json;

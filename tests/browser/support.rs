@@ -27,6 +27,13 @@ pub async fn spawn_app() -> TestApp {
 
 /// The server and a handle on its store (for seeding many runs quickly).
 pub async fn spawn_app_with_store() -> (TestApp, trainyard::store::DynStore) {
+    spawn_app_with(|_| {}).await
+}
+
+/// Like `spawn_app_with_store`, with settings adjusted by `tweak` first.
+pub async fn spawn_app_with(
+    tweak: impl FnOnce(&mut trainyard::app::Settings),
+) -> (TestApp, trainyard::store::DynStore) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut settings = kit::settings(dir.path());
     // Launched runs use the real binary on CPU slots; no GPU discovery in tests.
@@ -35,6 +42,7 @@ pub async fn spawn_app_with_store() -> (TestApp, trainyard::store::DynStore) {
     settings.launcher.stop_grace = Duration::from_secs(5);
     // The stop test launches a shell command.
     settings.allow_command_launch = true;
+    tweak(&mut settings);
     let spawned = kit::spawn(settings).await;
     let address = spawned.address;
     let store = spawned.state.store.clone();

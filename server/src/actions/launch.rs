@@ -195,12 +195,19 @@ fn check_command_allowed(state: &AppState, req: &LaunchRequest) -> Result<(), Ap
 
 /// Validates a launch request, creates the run as `queued` and hands it to the launcher.
 #[instrument(skip(state, req))]
-pub async fn launch_run(state: &AppState, mut req: LaunchRequest) -> Result<Run, ApiError> {
+/// Admits a launch request for `principal`: it needs EDIT on the experiment (a new experiment
+/// name creates one it owns), and the run records it as its creator.
+pub async fn launch_run(
+    state: &AppState,
+    principal: &crate::access::Principal,
+    mut req: LaunchRequest,
+) -> Result<Run, ApiError> {
     check_command_allowed(state, &req)?;
     let experiment = Name::parse(
         "experiment",
         req.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT),
     )?;
+    crate::access::may_add_runs(state, principal, Some(experiment.as_str())).await?;
     let name = req
         .name
         .take()
@@ -249,13 +256,15 @@ pub async fn launch_run(state: &AppState, mut req: LaunchRequest) -> Result<Run,
         config: config.clone(),
     };
     state.launcher.check(&spec)?;
-    let experiment = state.store.resolve_experiment(experiment.as_str()).await?;
+    let experiment_id =
+        crate::access::experiment_for_new_run(state, principal, Some(experiment.as_str())).await?;
     let new = NewRun {
-        experiment_id: experiment.id,
+        experiment_id,
         name: name.map(Name::into_string),
         config,
         tags: tags.into_inner(),
         status: None,
+        created_by: principal.user_id().map(str::to_owned),
     };
     Ok(state.launcher.launch(new, spec).await?)
 }

@@ -40,8 +40,11 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
-    #[error("missing or invalid bearer token")]
+    #[error("sign in, or send a valid bearer token")]
     Unauthorized,
+    /// Too many attempts (failed sign-ins); retry after `retry_after` seconds (429).
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after: u64 },
     /// The database has no room for a write: nothing of the request was stored (507).
     #[error("{0}")]
     InsufficientStorage(String),
@@ -110,6 +113,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::HostNotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
@@ -131,6 +135,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::TooManyRequests { .. } => "too_many_requests",
             ApiError::InsufficientStorage(_) => "insufficient_storage",
             ApiError::Unavailable { .. } => "unavailable",
             ApiError::HostNotAllowed(_) => "host_not_allowed",
@@ -177,6 +182,9 @@ impl IntoResponse for ApiError {
                 );
             }
             ApiError::Unavailable { retry_after, .. } => {
+                headers.insert(axum::http::header::RETRY_AFTER, (*retry_after).into());
+            }
+            ApiError::TooManyRequests { retry_after, .. } => {
                 headers.insert(axum::http::header::RETRY_AFTER, (*retry_after).into());
             }
             ApiError::InsufficientStorage(_) => {

@@ -3,8 +3,8 @@
 //! JSON/query extractors and the access check, the request guards (host, cross-site, NUL) and
 //! the accept loop with its connection limits.
 
+pub mod access;
 pub mod api;
-pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod guard;

@@ -60,7 +60,16 @@ pub async fn serve(
             accepted = accept(&listener) => accepted,
             () = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(app.clone());
+        // Handlers see the client's address (audit log, sign-in throttling).
+        let with_peer = tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            },
+        );
+        let service = TowerToHyperService::new(with_peer);
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(err) = connection.await {

@@ -134,7 +134,9 @@ pub(crate) struct Inner {
     pub wake: Notify,
     pub logs: logs::LogHub,
     pub server_url: OnceLock<String>,
-    pub token: Option<String>,
+    /// Whether each attempt gets a run-scoped token (`TRAINYARD_TOKEN`): when the server
+    /// controls access, a run may report itself and nothing else.
+    pub run_tokens: bool,
 }
 
 impl Inner {
@@ -202,15 +204,16 @@ impl Launcher {
                 wake: Notify::new(),
                 logs: logs::LogHub::default(),
                 server_url: OnceLock::new(),
-                token: None,
+                run_tokens: false,
             }),
         }
     }
 
-    /// Sets the token handed to runs as `TRAINYARD_TOKEN` (call before `start`).
-    pub fn with_token(mut self, token: Option<String>) -> Self {
+    /// Gives every attempt its own run-scoped token as `TRAINYARD_TOKEN` (call before
+    /// `start`). The token reports that run only, and stops working when the run ends.
+    pub fn with_run_tokens(mut self, on: bool) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.token = token;
+            inner.run_tokens = on;
         }
         self
     }

@@ -292,13 +292,22 @@ async fn start_attempt(
             .open(dir.join(process::LOG_FILE))?;
         writeln!(log, "=== trainyard: attempt {} ===", record.attempts)?;
     }
+    let token = if inner.run_tokens {
+        Some(
+            crate::access::issue_run_token(inner.store.as_ref(), run_id)
+                .await
+                .map_err(std::io::Error::other)?,
+        )
+    } else {
+        None
+    };
     let spec = SpawnSpec {
         run_id,
         run_dir: &dir,
         argv,
         assignment,
         server_url: &server_url,
-        token: inner.token.as_deref(),
+        token: token.as_deref(),
         attempt: record.attempts,
         cpu_slots: inner.settings.cpu_slots,
     };

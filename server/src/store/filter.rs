@@ -118,10 +118,12 @@ pub enum Attribute {
     CreatedAt,
     StartedAt,
     EndedAt,
+    /// The name of the user who created the run (`user = alice`).
+    User,
 }
 
 impl Attribute {
-    pub const ALL: [Attribute; 7] = [
+    pub const ALL: [Attribute; 8] = [
         Attribute::Status,
         Attribute::Name,
         Attribute::ExperimentId,
@@ -129,6 +131,7 @@ impl Attribute {
         Attribute::CreatedAt,
         Attribute::StartedAt,
         Attribute::EndedAt,
+        Attribute::User,
     ];
 
     /// The name a filter uses.
@@ -141,6 +144,7 @@ impl Attribute {
             Attribute::CreatedAt => "created_at",
             Attribute::StartedAt => "started_at",
             Attribute::EndedAt => "ended_at",
+            Attribute::User => "user",
         }
     }
 

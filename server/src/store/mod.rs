@@ -67,6 +67,9 @@ pub struct Run {
     pub exit: Option<ExitInfo>,
     /// Latest point (highest step) of every metric key.
     pub latest_metrics: BTreeMap<String, LatestMetric>,
+    /// The name of the user who created the run (none on a server without accounts, and for
+    /// runs created with the admin token).
+    pub created_by: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -79,6 +82,8 @@ pub struct NewRun {
     pub tags: BTreeMap<String, String>,
     /// `created` for a tracked run, `queued` for one the launcher will start.
     pub status: Option<RunStatus>,
+    /// The id of the user creating it.
+    pub created_by: Option<String>,
 }
 
 /// A partial update; `None` leaves a field as it is.
@@ -226,6 +231,8 @@ pub struct RunQuery {
     pub limit: usize,
     /// Opaque cursor from the previous page.
     pub cursor: Option<String>,
+    /// Only runs of these experiments (the ones the caller may read); `None`: every run.
+    pub visible_experiments: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -316,7 +323,7 @@ impl StoreError {
 }
 
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: accounts::Accounts + Send + Sync + 'static {
     /// "sqlite" or "postgres".
     fn backend(&self) -> &'static str;
 
@@ -405,6 +412,7 @@ pub trait Store: Send + Sync + 'static {
 
 pub type DynStore = Arc<dyn Store>;
 
+pub mod accounts;
 mod common;
 pub mod downsample;
 pub mod filter;

@@ -1,7 +1,7 @@
 //! The run search query, written once: filters, sorts with the runs lacking the sort value
 //! last, and keyset pagination behind an opaque cursor.
 
-use super::common::{RunRow, RUN_COLUMNS};
+use super::common::{RunRow, RUN_COLUMNS, RUN_COLUMN_COUNT};
 use super::sql::{Arg, Dialect, Row, Sql};
 use super::{RunQuery, SortDir, SortKey, StoreError, StoreResult};
 use serde::{Deserialize, Serialize};
@@ -75,7 +75,7 @@ pub struct SortValues {
 }
 
 impl SortValues {
-    /// The sort columns `build_search` selects after the `RUN_COLUMNS` (12 of them): `sort_g`,
+    /// The sort columns `build_search` selects after the `RUN_COLUMNS`: `sort_g`,
     /// then those the sort has, in the order n (REAL), i (BIGINT), t (TEXT).
     pub fn from_row(row: &Row, sort: &SortKey) -> Result<SortValues, sqlx::Error> {
         let (n, i, t) = match sort {
@@ -84,13 +84,13 @@ impl SortValues {
             SortKey::Param(_) => (true, false, true),
             SortKey::Metric(_) => (true, false, false),
         };
-        let mut col = 12;
+        let mut col = RUN_COLUMN_COUNT;
         let mut next = || {
             col += 1;
             col
         };
         Ok(SortValues {
-            g: row.get(12)?,
+            g: row.get(RUN_COLUMN_COUNT)?,
             n: if n { row.get(next())? } else { None },
             i: if i { row.get(next())? } else { None },
             t: if t { row.get(next())? } else { None },
@@ -146,6 +146,16 @@ pub fn build_search(q: &RunQuery, dialect: Dialect, out: &mut Sql) -> StoreResul
     if let Some(exp) = &q.experiment_id {
         out.push(" AND r.experiment_id = ");
         out.arg(exp.clone());
+    }
+    // Access control, in the query and so before pagination: a page never comes back short
+    // because of rows the caller may not see.
+    if let Some(visible) = &q.visible_experiments {
+        out.push(" AND r.experiment_id IN (NULL");
+        for id in visible {
+            out.push(", ");
+            out.arg(id.clone());
+        }
+        out.push(")");
     }
     if let Some(status) = q.status {
         out.push(" AND r.status = ");

@@ -12,6 +12,7 @@ use super::{
     StoreError, StoreResult, StoredPoint,
 };
 
+mod accounts;
 mod keys;
 mod metrics;
 mod runs;

@@ -61,6 +61,18 @@ pub async fn spawn_pg_app_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
 }
 
 impl TestApp {
+    /// A test app around a server the test spawned itself (on a data directory it chose).
+    pub fn from_spawned(spawned: kit::Spawned) -> TestApp {
+        TestApp {
+            address: spawned.address,
+            client: kit::client(),
+            token: None,
+            state: spawned.state,
+            _data_dir: tempfile::tempdir().expect("temp dir"),
+            _pg_database: None,
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.address, path)
     }
@@ -215,6 +227,17 @@ pub struct SseClient {
 }
 
 impl SseClient {
+    /// Reads the events of an already opened `text/event-stream` response.
+    pub fn from_response(response: Response) -> SseClient {
+        SseClient {
+            stream: response
+                .bytes_stream()
+                .map(|r| r.map(|b| b.to_vec()))
+                .boxed(),
+            buffer: String::new(),
+        }
+    }
+
     /// The next named event (keep-alive comments are skipped); panics after 10 s of silence.
     pub async fn next_event(&mut self) -> SseEvent {
         loop {

@@ -8,6 +8,7 @@ mod helpers;
 #[path = "../kit/mod.rs"]
 mod kit;
 
+mod access;
 mod auth;
 mod charts;
 mod cli;

@@ -148,7 +148,7 @@ async fn every_route_documents_the_error_codes_it_can_return() {
         let has = |place: &str| params.iter().any(|p| p["in"] == place);
         let mut expected = vec!["500"];
         if path.starts_with("/api/v1/") {
-            expected.push("401");
+            expected.extend(["401", "403"]);
         }
         if has("path") {
             expected.extend(["400", "404"]);

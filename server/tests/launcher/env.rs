@@ -117,12 +117,18 @@ async fn a_launched_command_sees_neither_the_database_url_nor_other_secrets_on_p
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_of_a_server_with_a_token_gets_it_only_to_report_back() {
+async fn a_run_of_a_server_with_a_token_gets_a_token_of_its_own_to_report_back() {
     let data = tempfile::tempdir().unwrap();
     let server_env = [("TRAINYARD_ADMIN_TOKEN", "admin-s3cret")];
     let (_, log) = printed_environment(data.path(), &server_env, Some("admin-s3cret")).await;
     assert!(!has_variable(&log, "TRAINYARD_ADMIN_TOKEN"), "{log}");
     assert!(!has_variable(&log, "DATABASE_URL"), "{log}");
-    // The run must authenticate its reports to this server: it gets the token for that.
-    assert!(log.contains("TRAINYARD_TOKEN=admin-s3cret"), "{log}");
+    // The run must authenticate its reports to this server: it gets a token of its own for
+    // that (which can only report this run), never the admin token.
+    assert!(!log.contains("admin-s3cret"), "{log}");
+    let token = log
+        .lines()
+        .find_map(|l| l.strip_prefix("TRAINYARD_TOKEN="))
+        .unwrap_or_else(|| panic!("no TRAINYARD_TOKEN: {log}"));
+    assert!(token.starts_with("ty_") && token.len() > 40, "{token}");
 }

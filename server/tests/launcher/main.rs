@@ -496,7 +496,7 @@ exit 0"#,
 }
 
 #[tokio::test]
-async fn a_launched_command_gets_the_admin_token_and_can_report_to_a_protected_server() {
+async fn a_launched_command_gets_a_token_of_its_own_and_can_report_to_a_protected_server() {
     let app = spawn_app_with(&[], 1, |s| s.admin_token = Some("s3cret".into())).await;
     let cmd = r#"curl -sf -X POST "$TRAINYARD_SERVER_URL/api/v1/runs/$TRAINYARD_RUN_ID/metrics" \
   -H "Authorization: Bearer $TRAINYARD_TOKEN" -H 'content-type: application/json' \

@@ -95,6 +95,17 @@ async fn a_trainer_killed_with_sigkill_is_relaunched_with_resume_and_its_metrics
     )
     .unwrap();
     assert!(log.contains("=== trainyard: attempt 2 ==="), "{log}");
+    // The trainer reports `finished` itself; a last batch its reporter could not deliver (a
+    // loaded machine) arrives from the launcher's backfill of metrics.jsonl once the process
+    // has exited.
+    wait_for(
+        &app.client,
+        &app.address,
+        &id,
+        Duration::from_secs(120),
+        |r| loss_step(r) >= 300,
+    )
+    .await;
     assert_continuous(&app.client, &app.address, &id, 300).await;
 }
 

@@ -30,6 +30,7 @@ pub async fn a_created_run_reads_back_with_its_config_params_and_tags(store: Dyn
             config: Some(config.clone()),
             tags: tags(&[("team", "nlp")]),
             status: None,
+            created_by: None,
         })
         .await
         .expect("create");

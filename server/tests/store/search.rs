@@ -15,6 +15,7 @@ fn query(sort: SortKey, dir: SortDir, limit: usize) -> RunQuery {
         dir,
         limit,
         cursor: None,
+        visible_experiments: None,
     }
 }
 

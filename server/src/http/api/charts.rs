@@ -12,13 +12,15 @@ use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 
+use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
 use crate::http::palette;
+use crate::store::accounts::Level;
 use crate::store::{DynStore, Series, StoreError};
 pub use layout::{ChartLayout, XUnit};
 pub use render::{render, Chart, Format, Line};
@@ -318,6 +320,7 @@ pub struct CompareParams {
 #[tracing::instrument(skip(state, compare, params))]
 pub async fn compare_chart(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(file): Path<String>,
     ApiQuery(compare): ApiQuery<CompareParams>,
     ApiQuery(params): ApiQuery<ChartParams>,
@@ -351,6 +354,8 @@ pub async fn compare_chart(
     let options = params.check()?;
     let mut lines = Vec::with_capacity(ids.len());
     for id in ids {
+        // Every run compared is checked like a run route: one not readable is "not found".
+        crate::access::require_run(&state, &principal, id, Level::Read).await?;
         let run = state.store.get_run(id).await?;
         let series = read_line(&state.store, id, key, &options).await?;
         lines.push(series_line(&run.name, &series));

@@ -14,17 +14,19 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::instrument;
 
+use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
 use crate::live::{RunMessage, RunSubscription};
+use crate::store::accounts::Level;
 use crate::store::{RunEvent, StoreError, StoredPoint};
 
 /// Points per SSE `points` event (and per store read during catch-up).
@@ -286,13 +288,14 @@ async fn send<T: Serialize>(
     tx.send(event).await.map_err(|_| StreamEnd::ClientGone)
 }
 
-/// Status changes of every run (`event: status`), for the runs table. A client that fell too far
-/// behind gets `event: lagged` and should reload the table.
+/// Status changes of every run the caller may read (`event: status`), for the runs table. A
+/// client that fell too far behind gets `event: lagged` and should reload the table.
 #[utoipa::path(get, path = "/api/v1/events", tag = "events",
     responses((status = 200, description = "text/event-stream of `status` events, and `lagged` when the client fell behind", content_type = "text/event-stream", body = String)))]
 #[instrument(skip(state))]
 pub async fn all_events(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let mut receiver = state.live.subscribe_all();
     let (tx, rx) = mpsc::channel(16);
@@ -302,6 +305,11 @@ pub async fn all_events(
                 _ = state.live.closed() => return,
                 _ = tx.closed() => return,
                 received = receiver.recv() => match received {
+                    // Checked per event, so a grant given or taken while the stream is open
+                    // counts from the next event on.
+                    Ok(run_event) if !may_read(&state, &principal, &run_event.run_id).await => {
+                        continue
+                    }
                     Ok(run_event) => Event::default()
                         .event("status")
                         .id(format!("e{}", run_event.seq))
@@ -323,6 +331,13 @@ pub async fn all_events(
         }
     });
     Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+}
+
+async fn may_read(state: &AppState, principal: &Principal, run_id: &str) -> bool {
+    principal.is_admin()
+        || crate::access::require_run(state, principal, run_id, Level::Read)
+            .await
+            .is_ok()
 }
 
 #[cfg(test)]

@@ -1,23 +1,32 @@
-//! `POST/GET /api/v1/experiments`.
+//! `POST/GET /api/v1/experiments`, one experiment, and who may do what in it (its grants).
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
+use crate::access::{audit, Principal};
 use crate::app::AppState;
+use crate::http::access::Client;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiJson;
+use crate::store::accounts::{Grant, Level};
 use crate::store::Experiment;
 use crate::validate::Name;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route(
-        "/experiments",
-        get(list_experiments).post(create_experiment),
-    )
+    Router::new()
+        .route(
+            "/experiments",
+            get(list_experiments).post(create_experiment),
+        )
+        .route(
+            "/experiments/{id}",
+            get(get_experiment).patch(change_experiment),
+        )
+        .route("/experiments/{id}/grants", get(list_grants).put(set_grant))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -42,10 +51,19 @@ pub struct ExperimentList {
 #[instrument(skip(state, body))]
 pub async fn create_experiment(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<CreateExperiment>,
 ) -> Result<(StatusCode, Json<Experiment>), ApiError> {
     let name = Name::parse("name", &body.name)?;
-    let experiment = state.store.create_experiment(name.as_str()).await?;
+    // The creator owns it (MANAGE); everyone else gets the server's default level.
+    let experiment = state
+        .store
+        .create_experiment_owned(
+            name.as_str(),
+            principal.user_id(),
+            state.settings.default_level,
+        )
+        .await?;
     Ok((StatusCode::CREATED, Json(experiment)))
 }
 
@@ -55,7 +73,223 @@ pub async fn create_experiment(
 #[instrument(skip(state))]
 pub async fn list_experiments(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
 ) -> Result<Json<ExperimentList>, ApiError> {
-    let experiments = state.store.list_experiments().await?;
+    let mut experiments = state.store.list_experiments().await?;
+    if let Some(readable) = principal.readable_experiments(&state).await? {
+        experiments.retain(|e| readable.contains(&e.id));
+    }
     Ok(Json(ExperimentList { experiments }))
+}
+
+/// One experiment, by id or name.
+#[utoipa::path(get, path = "/api/v1/experiments/{id}", tag = "experiments",
+    params(("id" = String, Path, description = "Experiment id or name")),
+    responses(
+        (status = 200, body = Experiment),
+        (status = 404, description = "No such experiment (or not readable)", body = ErrorBody),
+    ))]
+pub async fn get_experiment(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Experiment>, ApiError> {
+    Ok(Json(state.store.get_experiment(&id).await?))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentChange {
+    /// A new name (unique).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The level every signed-in user has on it: `none`, `read` or `edit`.
+    #[serde(default)]
+    pub default_level: Option<String>,
+}
+
+/// Renames an experiment or changes its default level (MANAGE).
+#[utoipa::path(patch, path = "/api/v1/experiments/{id}", tag = "experiments",
+    params(("id" = String, Path, description = "Experiment id or name")),
+    request_body = ExperimentChange,
+    responses(
+        (status = 200, body = Experiment),
+        (status = 404, description = "No such experiment (or not readable)", body = ErrorBody),
+        (status = 409, description = "The name is taken", body = ErrorBody),
+        (status = 422, description = "Invalid name or level", body = ErrorBody),
+    ))]
+pub async fn change_experiment(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ExperimentChange>,
+) -> Result<Json<Experiment>, ApiError> {
+    let experiment = state.store.get_experiment(&id).await?;
+    if let Some(text) = &body.default_level {
+        let level = parse_level("default_level", text, Level::Edit)?;
+        state
+            .store
+            .set_experiment_default_level(&experiment.id, level)
+            .await?;
+        let detail = Some(format!("default level {}", level.as_str()));
+        audit::by(
+            &state,
+            &principal,
+            client.as_deref(),
+            "grant_set",
+            Some(&experiment.name),
+            detail,
+        )
+        .await;
+    }
+    if let Some(name) = &body.name {
+        let name = Name::parse("name", name)?;
+        state
+            .store
+            .rename_experiment(&experiment.id, name.as_str())
+            .await?;
+        let detail = Some(format!("renamed to {}", name.as_str()));
+        audit::by(
+            &state,
+            &principal,
+            client.as_deref(),
+            "experiment_rename",
+            Some(&experiment.name),
+            detail,
+        )
+        .await;
+    }
+    Ok(Json(state.store.get_experiment(&experiment.id).await?))
+}
+
+/// A level named in a request, at most `max`.
+fn parse_level(field: &str, text: &str, max: Level) -> Result<Level, ApiError> {
+    match Level::parse(text) {
+        Some(level) if level <= max => Ok(level),
+        _ => {
+            let allowed = [Level::None, Level::Read, Level::Edit, Level::Manage]
+                .into_iter()
+                .filter(|l| *l <= max)
+                .map(Level::as_str)
+                .collect::<Vec<_>>()
+                .join(", ");
+            Err(ApiError::unprocessable(
+                field,
+                format!("{field} must be one of {allowed}, not `{text}`"),
+            ))
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct GrantList {
+    /// The owner's user name (MANAGE), when there is one.
+    pub owner: Option<String>,
+    /// What every signed-in user has.
+    pub default_level: String,
+    pub grants: Vec<Grant>,
+}
+
+/// Who has which level on an experiment.
+#[utoipa::path(get, path = "/api/v1/experiments/{id}/grants", tag = "experiments",
+    params(("id" = String, Path, description = "Experiment id or name")),
+    responses(
+        (status = 200, body = GrantList),
+        (status = 404, description = "No such experiment (or not readable)", body = ErrorBody),
+    ))]
+pub async fn list_grants(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<GrantList>, ApiError> {
+    let experiment = state.store.get_experiment(&id).await?;
+    let sharing = state.store.experiment_sharing(&experiment.id).await?;
+    Ok(Json(GrantList {
+        owner: sharing.owner,
+        default_level: sharing.default_level.as_str().to_owned(),
+        grants: state.store.list_grants(&experiment.id).await?,
+    }))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrantChange {
+    /// A user name (give this or `team`).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// A team name (give this or `user`).
+    #[serde(default)]
+    pub team: Option<String>,
+    /// `none` (removes the grant), `read`, `edit` or `manage`.
+    pub level: String,
+}
+
+/// Grants a user or team a level on the experiment (MANAGE); `none` removes the grant.
+#[utoipa::path(put, path = "/api/v1/experiments/{id}/grants", tag = "experiments",
+    params(("id" = String, Path, description = "Experiment id or name")),
+    request_body = GrantChange,
+    responses(
+        (status = 200, body = GrantList),
+        (status = 404, description = "No such experiment, user or team", body = ErrorBody),
+        (status = 422, description = "Neither or both of user and team, or an unknown level", body = ErrorBody),
+    ))]
+pub async fn set_grant(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<GrantChange>,
+) -> Result<Json<GrantList>, ApiError> {
+    let experiment = state.store.get_experiment(&id).await?;
+    apply_grant(&state, &principal, client.as_deref(), &experiment, &body).await?;
+    list_grants(State(state), Path(experiment.id)).await
+}
+
+/// Applies a [`GrantChange`] (shared by the API and the sharing page).
+pub async fn apply_grant(
+    state: &AppState,
+    principal: &Principal,
+    client: Option<&str>,
+    experiment: &Experiment,
+    body: &GrantChange,
+) -> Result<(), ApiError> {
+    let level = parse_level("level", &body.level, Level::Manage)?;
+    let (kind, subject_id, label) = match (&body.user, &body.team) {
+        (Some(user), None) => {
+            let u = state
+                .store
+                .user_by_name(user)
+                .await?
+                .ok_or_else(|| ApiError::NotFound(format!("no user named `{user}`")))?;
+            ("user", u.id, format!("user {}", u.name))
+        }
+        (None, Some(team)) => {
+            let t = state
+                .store
+                .get_team(team)
+                .await?
+                .ok_or_else(|| ApiError::NotFound(format!("no team `{team}`")))?;
+            ("team", t.id, format!("team {}", t.name))
+        }
+        _ => {
+            return Err(ApiError::unprocessable(
+                "user",
+                "name exactly one of `user` and `team`",
+            ))
+        }
+    };
+    state
+        .store
+        .set_grant(&experiment.id, kind, &subject_id, level)
+        .await?;
+    let detail = Some(format!("{label}: {}", level.as_str()));
+    audit::by(
+        state,
+        principal,
+        client,
+        "grant_set",
+        Some(&experiment.name),
+        detail,
+    )
+    .await;
+    Ok(())
 }

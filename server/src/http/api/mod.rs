@@ -1,6 +1,8 @@
 //! The JSON REST API v1: one module per resource, each with its `router()` (paths relative to
 //! `/api/v1`), merged in `api_router`.
 
+pub mod account;
+pub mod admin;
 pub mod charts;
 pub mod checkpoints;
 pub mod events;
@@ -13,14 +15,17 @@ pub mod metrics;
 pub mod openapi;
 pub mod runs;
 
-use axum::{middleware, Router};
+use axum::Router;
 
 use crate::app::AppState;
 
-/// Every `/api/v1` route (paths here are relative to that prefix), behind the bearer-token check.
-/// A new resource adds its module here and one `.merge(...)` line.
-pub fn api_router(state: &AppState) -> Router<AppState> {
+/// Every `/api/v1` route (paths here are relative to that prefix). A new resource adds its
+/// module here, one `.merge(...)` line and its rows in `access::policy` (the access check,
+/// applied in `app::app`, refuses a route without one).
+pub fn api_router() -> Router<AppState> {
     Router::new()
+        .merge(account::router())
+        .merge(admin::router())
         .merge(experiments::router())
         .merge(runs::router())
         .merge(launch::router())
@@ -33,8 +38,4 @@ pub fn api_router(state: &AppState) -> Router<AppState> {
         .merge(charts::router())
         .fallback(crate::http::not_found)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            crate::http::auth::require_token,
-        ))
 }

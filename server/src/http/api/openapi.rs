@@ -16,8 +16,26 @@ use crate::app::AppState;
     info(title = "Trainyard API", version = "1", description = "Tracking server REST API v1"),
     paths(
         super::health::healthz,
+        super::account::whoami,
+        super::account::sign_in,
+        super::account::sign_out,
+        super::account::list_tokens,
+        super::account::create_token,
+        super::account::revoke_token,
+        super::admin::list_users,
+        super::admin::add_user,
+        super::admin::change_user,
+        super::admin::list_teams,
+        super::admin::add_team,
+        super::admin::add_member,
+        super::admin::remove_member,
+        super::admin::list_audit,
         super::experiments::create_experiment,
         super::experiments::list_experiments,
+        super::experiments::get_experiment,
+        super::experiments::change_experiment,
+        super::experiments::list_grants,
+        super::experiments::set_grant,
         super::runs::create_run,
         super::runs::search_runs,
         super::runs::get_run,
@@ -43,6 +61,8 @@ use crate::app::AppState;
     components(schemas(ServerSentEventDoc)),
     modifiers(&BearerAuth, &StandardResponses),
     tags(
+        (name = "account", description = "Signing in and out; personal access tokens"),
+        (name = "admin", description = "Users, teams and the audit log"),
         (name = "experiments"), (name = "runs"), (name = "metrics"),
         (name = "events", description = "Server-sent events"), (name = "health"),
         (name = "launcher", description = "Launched runs: stop, resume, logs"),
@@ -103,7 +123,13 @@ fn add_standard_responses(operation: &mut Operation, api: bool) {
     if api {
         codes.push((
             "401",
-            "Missing or wrong bearer token (a server with an admin token)",
+            "Not signed in, or a bearer token that is wrong, expired or revoked (a server with \
+             accounts or an admin token)",
+        ));
+        codes.push((
+            "403",
+            "Signed in, but the caller's level on the experiment (or its token's scope) does \
+             not allow this",
         ));
     }
     if in_path {

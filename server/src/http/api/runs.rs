@@ -5,14 +5,16 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use trainer::wire::RunPatch;
 
 use super::openapi::RunPatchDoc;
+use crate::access::{audit, Principal};
 use crate::actions::{CommandSpec, LaunchRequest, Resources};
 use crate::app::AppState;
+use crate::http::access::Client;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::{ApiJson, ApiQuery};
 use crate::search::SearchParams;
@@ -121,6 +123,8 @@ pub struct RunSummary {
     pub notes_truncated: bool,
     pub exit: Option<ExitInfo>,
     pub latest_metrics: BTreeMap<String, LatestMetric>,
+    /// The user who created the run.
+    pub created_by: Option<String>,
 }
 
 impl From<Run> for RunSummary {
@@ -145,6 +149,7 @@ impl From<Run> for RunSummary {
             notes_truncated,
             exit: run.exit,
             latest_metrics: run.latest_metrics,
+            created_by: run.created_by,
         }
     }
 }
@@ -175,10 +180,21 @@ pub struct RunList {
 #[instrument(skip(state, body))]
 pub async fn create_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
     if body.launch {
-        let run = crate::actions::launch_run(&state, body.into_launch()).await?;
+        let run = crate::actions::launch_run(&state, &principal, body.into_launch()).await?;
+        audit::by(
+            &state,
+            &principal,
+            client.as_deref(),
+            "run_launch",
+            Some(&run.id),
+            None,
+        )
+        .await;
         return Ok((StatusCode::CREATED, Json(run)));
     }
     if let Some(field) = body.launch_only_field() {
@@ -190,20 +206,33 @@ pub async fn create_run(
         "experiment",
         body.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT),
     )?;
+    crate::access::may_add_runs(&state, &principal, Some(experiment.as_str())).await?;
     let name = body.name.map(|n| Name::parse("name", &n)).transpose()?;
     let config = tracked_config(body.config)?;
     let tags = Tags::parse(body.tags)?;
-    let experiment = state.store.resolve_experiment(experiment.as_str()).await?;
+    let experiment_id =
+        crate::access::experiment_for_new_run(&state, &principal, Some(experiment.as_str()))
+            .await?;
     let run = state
         .store
         .create_run(NewRun {
-            experiment_id: experiment.id,
+            experiment_id,
             name: name.map(Name::into_string),
             config,
             tags: tags.into_inner(),
             status: None,
+            created_by: principal.user_id().map(str::to_owned),
         })
         .await?;
+    audit::by(
+        &state,
+        &principal,
+        client.as_deref(),
+        "run_create",
+        Some(&run.id),
+        None,
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(run)))
 }
 
@@ -230,9 +259,10 @@ pub async fn get_run(
 #[instrument(skip(state))]
 pub async fn search_runs(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiQuery(params): ApiQuery<SearchParams>,
 ) -> Result<Json<RunList>, ApiError> {
-    let query = params.to_query(&state.store).await?;
+    let query = crate::search::visible_query(&state, &principal, &params).await?;
     let page = state
         .store
         .search_runs(&query)

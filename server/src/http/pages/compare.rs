@@ -3,8 +3,11 @@
 
 use super::views::*;
 use super::{check_run_id, html, PageError, PageResult};
+use crate::access::Principal;
 use crate::app::AppState;
+use crate::store::accounts::Level;
 use axum::extract::{Query, State};
+use axum::Extension;
 use trainer::wire::moe_keys;
 
 // ---------------------------------------------------------------------------------------------
@@ -12,6 +15,7 @@ use trainer::wire::moe_keys;
 
 pub async fn compare_page(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Query(pairs): Query<Vec<(String, String)>>,
 ) -> PageResult {
     let mut ids: Vec<String> = Vec::new();
@@ -49,6 +53,9 @@ pub async fn compare_page(
     let mut runs = Vec::with_capacity(ids.len());
     for id in &ids {
         check_run_id(id)?;
+        crate::access::require_run(&state, &principal, id, Level::Read)
+            .await
+            .map_err(crate::http::ApiError::from)?;
         runs.push(state.store.get_run(id).await?);
     }
     let mut all_keys: Vec<String> = runs

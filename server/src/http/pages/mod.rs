@@ -3,8 +3,11 @@
 //! directly and perform actions (edit, stop, launch) through `crate::actions`, the functions
 //! the API handlers call, with input validated by the same `crate::validate` types.
 
+pub mod account;
+pub mod admin;
 mod assets;
 pub mod checkpoints;
+pub mod chrome;
 pub mod columns;
 pub mod compare;
 pub mod launch;
@@ -16,9 +19,7 @@ use crate::app::AppState;
 use crate::http::error::ApiError;
 use crate::store::StoreError;
 use askama::Template;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -103,8 +104,8 @@ pub fn html(t: impl Template) -> PageResult {
     Ok(Html(t.render()?).into_response())
 }
 
-/// The dashboard routes, behind the same token rule as the API.
-pub fn router(state: &AppState) -> Router<AppState> {
+/// The dashboard routes (the access check is applied around them and the API in `app::app`).
+pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(runs_home))
         .route("/experiments/{id}", get(runs_of_experiment))
@@ -121,42 +122,24 @@ pub fn router(state: &AppState) -> Router<AppState> {
         )
         .route("/compare", get(compare::compare_page))
         .route("/launch", get(launch::form).post(launch::submit))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_token,
-        ))
+        .route(
+            "/sign-in",
+            get(account::sign_in_form).post(account::sign_in),
+        )
+        .route("/sign-out", post(account::sign_out))
+        .route("/account", get(account::account))
+        .route("/account/tokens", post(account::create_token))
+        .route("/account/tokens/{id}/revoke", post(account::revoke_token))
+        .route("/admin/users", get(admin::users).post(admin::add_user))
+        .route("/admin/users/{name}", post(admin::change_user))
+        .route("/admin/teams", post(admin::add_team))
+        .route("/admin/teams/{id}/members", post(admin::team_member))
+        .route("/admin/audit", get(admin::audit))
+        .route(
+            "/experiments/{id}/sharing",
+            get(admin::sharing).post(admin::set_sharing),
+        )
         .route("/static/{*file}", get(assets::static_file))
-}
-
-/// With an admin token configured (a server reachable from other machines), pages show data
-/// only to a request carrying it, as a bearer header or a `trainyard_token` cookie.
-async fn require_token(
-    State(state): State<AppState>,
-    req: Request<Body>,
-    next: axum::middleware::Next,
-) -> Response {
-    let Some(token) = state
-        .settings
-        .admin_token
-        .as_deref()
-        .filter(|t| !t.is_empty())
-    else {
-        return next.run(req).await;
-    };
-    // Same rule as the API: the cookie for reads, and for the dashboard's own form posts.
-    let presented = super::auth::presented_token(req.method(), req.headers());
-    if presented.is_some_and(|p| super::auth::constant_time_eq(p.as_bytes(), token.as_bytes())) {
-        return next.run(req).await;
-    }
-    let page = ErrorPage {
-        nav: "",
-        title: "Authentication required".to_string(),
-        message: "This server requires its admin token: send it as a bearer token or set the \
-                  `trainyard_token` cookie."
-            .to_string(),
-    };
-    let body = page.render().unwrap_or_default();
-    (StatusCode::UNAUTHORIZED, Html(body)).into_response()
 }
 
 // ---------------------------------------------------------------------------------------------

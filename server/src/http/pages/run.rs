@@ -4,20 +4,30 @@
 use super::launch;
 use super::views::*;
 use super::{check_run_id, html, PageResult};
+use crate::access::{audit, Principal};
 use crate::actions::{self, LaunchRequest};
 use crate::app::AppState;
+use crate::http::access::Client;
+use crate::store::accounts::Level;
 use crate::store::RunStatus;
 use crate::validate::RunEdit;
 use axum::extract::{Form, Path, State};
 use axum::response::{IntoResponse, Redirect};
+use axum::Extension;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use trainer::wire::RunPatch;
 
 #[tracing::instrument(skip(state))]
-pub(super) async fn run_page(State(state): State<AppState>, Path(id): Path<String>) -> PageResult {
+pub(super) async fn run_page(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> PageResult {
     check_run_id(&id)?;
     let run = state.store.get_run(&id).await?;
+    let can_edit = principal.may_write()
+        && principal.level_on(&state, &run.experiment_id).await? >= Level::Edit;
     let experiment = state.store.get_experiment(&run.experiment_id).await?;
     let keys: Vec<String> = state
         .store
@@ -83,6 +93,7 @@ pub(super) async fn run_page(State(state): State<AppState>, Path(id): Path<Strin
             .max()
             .map(|s| s.to_string())
             .unwrap_or_default(),
+        can_edit,
     };
     html(view)
 }
@@ -151,12 +162,23 @@ pub(super) struct ResumeForm {
 /// "Resume" (from the header: latest; from a checkpoint row: that step).
 pub(super) async fn resume_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
     Path(id): Path<String>,
     Form(f): Form<ResumeForm>,
 ) -> PageResult {
     check_run_id(&id)?;
     let from = crate::checkpoints::ResumePoint::parse("from", &f.from)?;
     actions::resume_run(&state, &id, from, None).await?;
+    audit::by(
+        &state,
+        &principal,
+        client.as_deref(),
+        "run_resume",
+        Some(&id),
+        None,
+    )
+    .await;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
@@ -200,14 +222,30 @@ pub(super) async fn set_notes(
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
-pub(super) async fn stop_run(State(state): State<AppState>, Path(id): Path<String>) -> PageResult {
+pub(super) async fn stop_run(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Path(id): Path<String>,
+) -> PageResult {
     check_run_id(&id)?;
     actions::stop_run(&state, &id).await?;
+    audit::by(
+        &state,
+        &principal,
+        client.as_deref(),
+        "run_stop",
+        Some(&id),
+        None,
+    )
+    .await;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
 pub(super) async fn relaunch_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
     Path(id): Path<String>,
 ) -> PageResult {
     check_run_id(&id)?;
@@ -233,6 +271,15 @@ pub(super) async fn relaunch_run(
             gpus,
         )
     };
-    let new = actions::launch_run(&state, request).await?;
+    let new = actions::launch_run(&state, &principal, request).await?;
+    audit::by(
+        &state,
+        &principal,
+        client.as_deref(),
+        "run_launch",
+        Some(&new.id),
+        Some(format!("relaunch of {id}")),
+    )
+    .await;
     Ok(Redirect::to(&format!("/runs/{}", new.id)).into_response())
 }

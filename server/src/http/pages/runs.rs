@@ -3,10 +3,12 @@
 
 use super::views::*;
 use super::{html, PageResult};
+use crate::access::Principal;
 use crate::app::AppState;
 use crate::search::{SearchOrStoreError, SearchParams};
 use crate::store::{Run, RunStatus, StoreError};
 use axum::extract::{Path, Query, State};
+use axum::Extension;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -21,29 +23,45 @@ pub struct RunsParams {
 
 pub(super) async fn runs_home(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Query(p): Query<RunsParams>,
 ) -> PageResult {
-    runs_table(&state, p).await
+    runs_table(&state, &principal, p).await
 }
 
 pub(super) async fn runs_of_experiment(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     Query(mut p): Query<RunsParams>,
 ) -> PageResult {
     if p.search.value("experiment").is_empty() {
         p.search.experiment = Some(id);
     }
-    runs_table(&state, p).await
+    runs_table(&state, &principal, p).await
 }
 
-#[tracing::instrument(skip(state))]
-pub async fn runs_table(state: &AppState, p: RunsParams) -> PageResult {
-    let experiments = state.store.list_experiments().await?;
+#[tracing::instrument(skip(state, principal))]
+pub async fn runs_table(state: &AppState, principal: &Principal, p: RunsParams) -> PageResult {
+    // Only what the caller may read: experiments in the picker, runs in the table (filtered
+    // in the query, before pagination).
+    let visible = principal.readable_experiments(state).await?;
+    let mut experiments = state.store.list_experiments().await?;
+    if let Some(visible) = &visible {
+        experiments.retain(|e| visible.contains(&e.id));
+    }
     let search = &p.search;
     let experiment = match search.value("experiment") {
         "" => None,
-        e => Some(state.store.get_experiment(e).await?),
+        e => {
+            let found = state.store.get_experiment(e).await?;
+            if visible.as_ref().is_some_and(|v| !v.contains(&found.id)) {
+                return Err(super::PageError::NotFound(format!(
+                    "experiment `{e}` not found"
+                )));
+            }
+            Some(found)
+        }
     };
     let filters = Filters {
         experiment: experiment
@@ -58,7 +76,10 @@ pub async fn runs_table(state: &AppState, p: RunsParams) -> PageResult {
     };
     let mut error = None;
     let query = match search.to_query(&state.store).await {
-        Ok(query) => Some(query),
+        Ok(mut query) => {
+            query.visible_experiments = visible;
+            Some(query)
+        }
         Err(SearchOrStoreError::Search(e)) => {
             error = Some(e.to_string());
             None
@@ -229,6 +250,7 @@ fn run_row(
         short_id: r.id.chars().take(8).collect(),
         name: r.name.clone(),
         status: r.status.as_str(),
+        user: r.created_by.clone().unwrap_or_default(),
         experiment: names
             .get(r.experiment_id.as_str())
             .unwrap_or(&"?")

@@ -56,6 +56,8 @@ pub struct RunRow {
     pub name: String,
     pub status: &'static str,
     pub experiment: String,
+    /// Who created the run (empty without accounts).
+    pub user: String,
     pub params: Vec<String>,
     pub metrics: Vec<String>,
     pub duration: String,
@@ -199,6 +201,8 @@ pub struct RunPage {
     pub log_placeholder: String,
     /// Highest step already stored: the live stream starts after it (empty: from the start).
     pub after_step: String,
+    /// Whether the caller may act on the run (stop, resume, relaunch, tags, notes): EDIT.
+    pub can_edit: bool,
 }
 
 pub struct CompareRun {

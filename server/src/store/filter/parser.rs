@@ -17,7 +17,7 @@ use super::{
 
 const CONDITION_HELP: &str = "a field such as `metrics.loss`, `(` or NOT";
 
-const FIELD_HELP: &str = "expected metrics.<key>, params.<key>, tags.<key> or one of status, name, experiment_id, run_id, created_at, started_at, ended_at";
+const FIELD_HELP: &str = "expected metrics.<key>, params.<key>, tags.<key> or one of status, name, experiment_id, run_id, created_at, started_at, ended_at, user";
 
 pub(super) fn parse(tokens: &[Token]) -> Result<Expr, FilterError> {
     let mut p = Parser {
@@ -386,6 +386,7 @@ fn check_compare(
                         | Attribute::RunId
                         | Attribute::ExperimentId
                         | Attribute::Status
+                        | Attribute::User
                 )
             ) =>
         {

@@ -100,6 +100,7 @@ fn attribute(a: Attribute, p: &Predicate, s: &mut Out) {
         Attribute::CreatedAt => "r.created_at",
         Attribute::StartedAt => "r.started_at",
         Attribute::EndedAt => "r.ended_at",
+        Attribute::User => "(SELECT u.name FROM users u WHERE u.id = r.created_by)",
     };
     if let Predicate::IsNull { negated } = p {
         s.sql(column);
@@ -107,7 +108,10 @@ fn attribute(a: Attribute, p: &Predicate, s: &mut Out) {
         return;
     }
     // A null column fails every comparison, also under NOT (two-valued, like a missing key).
-    let nullable = matches!(a, Attribute::StartedAt | Attribute::EndedAt);
+    let nullable = matches!(
+        a,
+        Attribute::StartedAt | Attribute::EndedAt | Attribute::User
+    );
     if nullable {
         s.sql(column);
         s.sql(" IS NOT NULL AND ");

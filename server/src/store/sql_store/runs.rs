@@ -250,8 +250,8 @@ impl SqlStore {
                 });
             }
             let insert = Sql::new(
-                "INSERT INTO runs (id, experiment_id, name, status, created_at, config) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
+                "INSERT INTO runs (id, experiment_id, name, status, created_at, config, \
+                 created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
             );
             tx.execute(
                 insert
@@ -260,7 +260,8 @@ impl SqlStore {
                     .bind(&name)
                     .bind(status.as_str())
                     .bind(now)
-                    .bind(new.config.as_ref().map(|c| c.to_string())),
+                    .bind(new.config.as_ref().map(|c| c.to_string()))
+                    .bind(new.created_by.as_deref()),
             )
             .await
             .map_err(|e| common::map_constraint(e, "run", "run"))?;

@@ -1,0 +1,254 @@
+//! Who may call which route: one table, read by the one access check (`http::access`) for every
+//! request that reaches a route, API and pages alike. A route with no row here is refused for
+//! everyone but the local single user, and the role-matrix test walks every documented route, so
+//! a route added without a rule fails the suite instead of being open.
+
+use axum::http::Method;
+
+use crate::store::accounts::Level;
+
+/// What a route requires of the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Anyone, signed in or not: health, the API document, static files, signing in.
+    Public,
+    /// Any signed-in caller; what the handler returns is filtered to what the caller may read
+    /// (run search, experiment list, the global event stream, compare), and a handler that acts
+    /// on an experiment named in the body checks that experiment with [`crate::access::require`].
+    SignedIn,
+    /// `{id}` is a run; the caller needs this level on its experiment.
+    Run(Level),
+    /// `{id}` is an experiment; the caller needs this level on it.
+    Experiment(Level),
+    /// `{id}` is a run that reports here: EDIT on its experiment, or that run's own token.
+    Report,
+    /// Instance administrators only.
+    Admin,
+}
+
+/// `(method, route pattern as registered, rule)`. `GET` rows also cover `HEAD`.
+const RULES: &[(Method, &str, Rule)] = &[
+    // --- API, under /api/v1 ---
+    (Method::GET, "/healthz", Rule::Public),
+    (Method::GET, "/api/v1/openapi.json", Rule::Public),
+    (Method::GET, "/api/v1/session", Rule::Public),
+    (Method::POST, "/api/v1/session", Rule::Public),
+    (Method::DELETE, "/api/v1/session", Rule::Public),
+    (Method::GET, "/api/v1/tokens", Rule::SignedIn),
+    (Method::POST, "/api/v1/tokens", Rule::SignedIn),
+    (Method::DELETE, "/api/v1/tokens/{id}", Rule::SignedIn),
+    (Method::GET, "/api/v1/users", Rule::Admin),
+    (Method::POST, "/api/v1/users", Rule::Admin),
+    (Method::PATCH, "/api/v1/users/{name}", Rule::Admin),
+    (Method::GET, "/api/v1/teams", Rule::SignedIn),
+    (Method::POST, "/api/v1/teams", Rule::Admin),
+    (
+        Method::PUT,
+        "/api/v1/teams/{id}/members/{user}",
+        Rule::Admin,
+    ),
+    (
+        Method::DELETE,
+        "/api/v1/teams/{id}/members/{user}",
+        Rule::Admin,
+    ),
+    (Method::GET, "/api/v1/audit", Rule::Admin),
+    (Method::GET, "/api/v1/experiments", Rule::SignedIn),
+    (Method::POST, "/api/v1/experiments", Rule::SignedIn),
+    (
+        Method::GET,
+        "/api/v1/experiments/{id}",
+        Rule::Experiment(Level::Read),
+    ),
+    (
+        Method::PATCH,
+        "/api/v1/experiments/{id}",
+        Rule::Experiment(Level::Manage),
+    ),
+    (
+        Method::GET,
+        "/api/v1/experiments/{id}/grants",
+        Rule::Experiment(Level::Read),
+    ),
+    (
+        Method::PUT,
+        "/api/v1/experiments/{id}/grants",
+        Rule::Experiment(Level::Manage),
+    ),
+    (Method::GET, "/api/v1/runs", Rule::SignedIn),
+    (Method::POST, "/api/v1/runs", Rule::SignedIn),
+    (Method::GET, "/api/v1/runs/{id}", Rule::Run(Level::Read)),
+    (Method::PATCH, "/api/v1/runs/{id}", Rule::Report),
+    (
+        Method::DELETE,
+        "/api/v1/runs/{id}",
+        Rule::Run(Level::Manage),
+    ),
+    (Method::POST, "/api/v1/runs/{id}/heartbeat", Rule::Report),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/metrics",
+        Rule::Run(Level::Read),
+    ),
+    (Method::POST, "/api/v1/runs/{id}/metrics", Rule::Report),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/metric-keys",
+        Rule::Run(Level::Read),
+    ),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/events",
+        Rule::Run(Level::Read),
+    ),
+    (Method::GET, "/api/v1/events", Rule::SignedIn),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/logs",
+        Rule::Run(Level::Read),
+    ),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/expert-utilization",
+        Rule::Run(Level::Read),
+    ),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/charts",
+        Rule::Run(Level::Read),
+    ),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/charts/{*file}",
+        Rule::Run(Level::Read),
+    ),
+    (Method::GET, "/api/v1/charts/{file}", Rule::SignedIn),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/checkpoints",
+        Rule::Run(Level::Read),
+    ),
+    (
+        Method::GET,
+        "/api/v1/runs/{id}/checkpoints/{name}/archive",
+        Rule::Run(Level::Read),
+    ),
+    (
+        Method::POST,
+        "/api/v1/runs/{id}/checkpoints/{name}/sample",
+        Rule::Run(Level::Edit),
+    ),
+    (
+        Method::POST,
+        "/api/v1/runs/{id}/stop",
+        Rule::Run(Level::Edit),
+    ),
+    (
+        Method::POST,
+        "/api/v1/runs/{id}/resume",
+        Rule::Run(Level::Edit),
+    ),
+    // --- pages ---
+    (Method::GET, "/static/{*file}", Rule::Public),
+    (Method::GET, "/sign-in", Rule::Public),
+    (Method::POST, "/sign-in", Rule::Public),
+    (Method::POST, "/sign-out", Rule::Public),
+    (Method::GET, "/", Rule::SignedIn),
+    (
+        Method::GET,
+        "/experiments/{id}",
+        Rule::Experiment(Level::Read),
+    ),
+    (
+        Method::GET,
+        "/experiments/{id}/sharing",
+        Rule::Experiment(Level::Read),
+    ),
+    (
+        Method::POST,
+        "/experiments/{id}/sharing",
+        Rule::Experiment(Level::Manage),
+    ),
+    (Method::GET, "/runs/{id}", Rule::Run(Level::Read)),
+    (Method::GET, "/runs/{id}/panels", Rule::Run(Level::Read)),
+    (Method::POST, "/runs/{id}/tags", Rule::Run(Level::Edit)),
+    (Method::POST, "/runs/{id}/notes", Rule::Run(Level::Edit)),
+    (Method::POST, "/runs/{id}/stop", Rule::Run(Level::Edit)),
+    (Method::POST, "/runs/{id}/relaunch", Rule::Run(Level::Edit)),
+    (Method::POST, "/runs/{id}/resume", Rule::Run(Level::Edit)),
+    (
+        Method::GET,
+        "/runs/{id}/checkpoints/{name}/sample",
+        Rule::Run(Level::Read),
+    ),
+    (
+        Method::POST,
+        "/runs/{id}/checkpoints/{name}/sample",
+        Rule::Run(Level::Edit),
+    ),
+    (Method::GET, "/compare", Rule::SignedIn),
+    (Method::GET, "/launch", Rule::SignedIn),
+    (Method::POST, "/launch", Rule::SignedIn),
+    (Method::GET, "/account", Rule::SignedIn),
+    (Method::POST, "/account/tokens", Rule::SignedIn),
+    (Method::POST, "/account/tokens/{id}/revoke", Rule::SignedIn),
+    (Method::GET, "/admin/users", Rule::Admin),
+    (Method::POST, "/admin/users", Rule::Admin),
+    (Method::POST, "/admin/users/{name}", Rule::Admin),
+    (Method::POST, "/admin/teams", Rule::Admin),
+    (Method::POST, "/admin/teams/{id}/members", Rule::Admin),
+    (Method::GET, "/admin/audit", Rule::Admin),
+];
+
+/// The rule of a route, by its method and registered pattern (axum's `MatchedPath`).
+pub fn rule(method: &Method, pattern: &str) -> Option<Rule> {
+    let method = if method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    };
+    RULES
+        .iter()
+        .find(|(m, p, _)| m == method && *p == pattern)
+        .map(|(_, _, rule)| *rule)
+}
+
+/// Whether some method of this route pattern has a rule. A method without one is answered 405
+/// by the access check, so this table is also the list of methods each route serves.
+pub fn has_route(pattern: &str) -> bool {
+    RULES.iter().any(|(_, p, _)| *p == pattern)
+}
+
+/// Every `(method, pattern)` with a rule, for the role-matrix test.
+pub fn routes() -> impl Iterator<Item = (&'static Method, &'static str, Rule)> {
+    RULES.iter().map(|(m, p, r)| (m, *p, *r))
+}
+
+/// Whether the method changes something (and so needs a write-scoped credential, and a CSRF
+/// token when it rides on a session cookie).
+pub fn is_write(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_follows_get_and_unknown_routes_have_no_rule() {
+        assert_eq!(
+            rule(&Method::HEAD, "/runs/{id}"),
+            Some(Rule::Run(Level::Read))
+        );
+        assert_eq!(rule(&Method::PUT, "/runs/{id}"), None);
+        assert_eq!(rule(&Method::GET, "/nowhere"), None);
+    }
+
+    #[test]
+    fn no_route_has_two_rules() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (m, p, _) in routes() {
+            assert!(seen.insert((m.as_str(), p)), "{m} {p} has two rules");
+        }
+    }
+}

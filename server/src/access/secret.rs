@@ -1,0 +1,50 @@
+//! Secrets the server hands out (session ids, CSRF tokens, API and run tokens) and the hash the
+//! store keeps instead of them. The secrets carry 256 random bits, so a fast hash is the right
+//! one here: nobody can guess a secret from its hash by trying, unlike a password, which is why
+//! passwords alone go through argon2 (`password.rs`).
+
+use rand::RngCore;
+
+/// Prefix of every secret, so one found in a file or a paste is recognisable as ours.
+pub const PREFIX: &str = "ty_";
+
+/// A new secret: `ty_` and 32 random bytes, as hex. `rand::rng()` is a CSPRNG (ChaCha12)
+/// seeded and reseeded from the operating system.
+pub fn new_secret() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("{PREFIX}{}", hex(&bytes))
+}
+
+/// A new public id (of a token): 16 random bytes as hex.
+pub fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    rand::rng().fill_bytes(&mut bytes);
+    hex(&bytes)
+}
+
+/// What the store keeps of a secret.
+pub fn hash_secret(secret: &str) -> String {
+    blake3::hash(secret.as_bytes()).to_hex().to_string()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_long_unique_and_hashed_to_something_else() {
+        let a = new_secret();
+        let b = new_secret();
+        assert_ne!(a, b);
+        assert!(a.starts_with(PREFIX) && a.len() == PREFIX.len() + 64, "{a}");
+        assert_eq!(hash_secret(&a), hash_secret(&a));
+        assert_ne!(hash_secret(&a), hash_secret(&b));
+        assert!(!hash_secret(&a).contains(&a[PREFIX.len()..]));
+        assert_eq!(new_id().len(), 32);
+    }
+}

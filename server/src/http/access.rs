@@ -1,0 +1,233 @@
+//! The one access check. Every routed request, API and pages alike, passes here: the caller is
+//! resolved (`access::principal`), the route's rule is looked up (`access::policy`), a write
+//! riding on a session cookie must echo the session's CSRF token, and the decision is made
+//! (`access::decide`). The caller then travels to the handler as a request extension, so
+//! handlers that list things filter them to what the caller may read.
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, RawPathParams, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+
+use crate::access::principal::{self, ResolveError, CSRF_HEADER};
+use crate::access::{decide, policy, Denied, Principal};
+use crate::app::AppState;
+use crate::http::error::ApiError;
+use crate::http::pages::chrome::Chrome;
+
+pub async fn check(
+    State(state): State<AppState>,
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let method = request.method().clone();
+    let Some(pattern) = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+    else {
+        return next.run(request).await;
+    };
+    let page = is_page(&pattern);
+    let principal = match principal::resolve(&state, &method, request.headers()).await {
+        Ok(p) => p,
+        Err(ResolveError::BadCredential) => {
+            return refuse(&state, page, &request, Denied::SignIn);
+        }
+        Err(ResolveError::Store(e)) => return refuse(&state, page, &request, Denied::Store(e)),
+    };
+    let Some(rule) = policy::rule(&method, &pattern) else {
+        if policy::has_route(&pattern) {
+            // The route exists, but not with this method: the table lists every method served.
+            return ApiError::MethodNotAllowed(method.to_string()).into_response();
+        }
+        // A server bug, refused for everyone (the local user too) so that the first test of a
+        // new route without a row in `access::policy` fails instead of the route being open.
+        let bug = format!("route {method} {pattern} has no access rule");
+        return refuse(&state, page, &request, Denied::Bug(bug));
+    };
+    let id = params.ok().and_then(|p| {
+        p.iter()
+            .find(|(k, _)| *k == "id")
+            .map(|(_, v)| v.to_owned())
+    });
+    let write = policy::is_write(&method);
+    if let Err(denied) = decide(&state, &principal, rule, write, id.as_deref()).await {
+        return refuse(&state, page, &request, denied);
+    }
+    let request = if write && rule != policy::Rule::Public {
+        match csrf_checked(&state, &principal, request).await {
+            Ok(r) => r,
+            Err(response) => return *response,
+        }
+    } else {
+        request
+    };
+    with_principal(&state, page, principal, request, next).await
+}
+
+async fn with_principal(
+    state: &AppState,
+    page: bool,
+    principal: Principal,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if page {
+        // Pages show who is signed in, and their forms carry the session's CSRF token.
+        let chrome = Chrome::of(&principal, principal::accounts_on(state));
+        request.extensions_mut().insert(principal);
+        return chrome.scope(next.run(request)).await;
+    }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
+}
+
+/// Pages answer with HTML and send anonymous browsers to sign in; the API answers JSON.
+fn is_page(pattern: &str) -> bool {
+    !(pattern.starts_with("/api/") || pattern == "/healthz")
+}
+
+fn refuse(state: &AppState, page: bool, request: &Request, denied: Denied) -> Response {
+    // Without accounts (a loopback server with only an admin token) there is no sign-in page:
+    // the page answers 401 like the API.
+    if page && principal::accounts_on(state) {
+        if let Denied::SignIn = denied {
+            let here = request
+                .uri()
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or("/");
+            let next: String = url_encode(here);
+            return Redirect::to(&format!("/sign-in?next={next}")).into_response();
+        }
+    }
+    refuse_plain(page, denied)
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Form bodies larger than this are not searched for a CSRF field (a dashboard form is small).
+const FORM_LIMIT: usize = 1 << 20;
+
+/// A write authenticated by a session cookie must carry the session's CSRF token: the
+/// `x-csrf-token` header (`fetch`) or the `csrf` field of a form. Other credentials (bearer
+/// tokens) are not sent by browsers on their own, so they need none.
+async fn csrf_checked(
+    state: &AppState,
+    principal: &Principal,
+    request: Request,
+) -> Result<Request, Box<Response>> {
+    let Some(expected) = principal.session_csrf() else {
+        return Ok(request);
+    };
+    let page = request
+        .extensions()
+        .get::<MatchedPath>()
+        .is_some_and(|m| is_page(m.as_str()));
+    let forged = || {
+        let denied = Denied::Forbidden(
+            "this form or request is missing its CSRF token; reload the page and try again".into(),
+        );
+        Err(Box::new(refuse_plain(page, denied)))
+    };
+    if let Some(sent) = request.headers().get(CSRF_HEADER) {
+        return if principal::constant_time_eq(sent.as_bytes(), expected.as_bytes()) {
+            Ok(request)
+        } else {
+            forged()
+        };
+    }
+    let is_form = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    if !is_form {
+        return forged();
+    }
+    let (parts, body) = request.into_parts();
+    let limit = state.settings.body_limit.min(FORM_LIMIT);
+    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+        return Err(Box::new(
+            ApiError::PayloadTooLarge("the form is too large".into()).into_response(),
+        ));
+    };
+    let sent = form_urlencoded_field(&bytes, "csrf");
+    match sent {
+        Some(sent) if principal::constant_time_eq(sent.as_bytes(), expected.as_bytes()) => {
+            Ok(Request::from_parts(parts, Body::from(bytes)))
+        }
+        _ => forged(),
+    }
+}
+
+fn refuse_plain(page: bool, denied: Denied) -> Response {
+    if page {
+        let e: crate::http::pages::PageError = ApiError::from(denied).into();
+        return e.into_response();
+    }
+    ApiError::from(denied).into_response()
+}
+
+fn form_urlencoded_field(body: &[u8], name: &str) -> Option<String> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body).ok()?;
+    pairs.into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
+}
+
+/// The client's address, as the accept loop saw it (for the audit log and sign-in throttling).
+/// Behind a reverse proxy this is the proxy's address.
+pub struct Client(pub Option<String>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Client {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Client(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip().to_string()),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_parameter_keeps_the_path_and_escapes_the_query() {
+        assert_eq!(url_encode("/runs/ab?x=1&y=2"), "/runs/ab%3Fx%3D1%26y%3D2");
+    }
+
+    #[test]
+    fn the_csrf_field_is_read_from_a_form_body() {
+        assert_eq!(
+            form_urlencoded_field(b"tag=a&csrf=xyz%2B1", "csrf").as_deref(),
+            Some("xyz+1")
+        );
+        assert_eq!(form_urlencoded_field(b"tag=a", "csrf"), None);
+    }
+
+    #[test]
+    fn api_routes_answer_json_and_pages_html() {
+        assert!(!is_page("/api/v1/runs/{id}"));
+        assert!(!is_page("/healthz"));
+        assert!(is_page("/runs/{id}"));
+    }
+}

@@ -1,0 +1,303 @@
+//! Administrators' pages: users and teams, and the audit log; and an experiment's sharing page
+//! (who has which level), which its managers change.
+
+use askama::Template;
+use axum::extract::{Form, Path, Query, State};
+use axum::response::{IntoResponse, Redirect};
+use axum::Extension;
+use serde::Deserialize;
+
+use super::{html, PageResult};
+use crate::access::Principal;
+use crate::app::AppState;
+use crate::http::access::Client;
+use crate::http::api::admin::{self, AuditParams, UserChange};
+use crate::http::api::experiments::{apply_grant, GrantChange};
+use crate::store::accounts::{Level, Team, User};
+use crate::validate::Name;
+
+#[derive(Template)]
+#[template(path = "users.html")]
+pub struct UsersPage {
+    pub nav: &'static str,
+    pub users: Vec<User>,
+    pub teams: Vec<Team>,
+}
+
+pub(super) async fn users(State(state): State<AppState>) -> PageResult {
+    html(UsersPage {
+        nav: "users",
+        users: state.store.list_users().await?,
+        teams: state.store.list_teams().await?,
+    })
+}
+
+#[derive(Deserialize)]
+pub(super) struct NewUserForm {
+    name: String,
+    password: String,
+    #[serde(default)]
+    admin: Option<String>,
+}
+
+pub(super) async fn add_user(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Form(f): Form<NewUserForm>,
+) -> PageResult {
+    let name = Name::parse("name", &f.name)?;
+    let hash = admin::hash(&f.password).await?;
+    let admin_flag = f.admin.is_some();
+    let user = state
+        .store
+        .create_user(name.as_str(), Some(&hash), admin_flag)
+        .await?;
+    let detail = admin_flag.then(|| "admin".to_owned());
+    crate::access::audit::by(
+        &state,
+        &principal,
+        client.as_deref(),
+        "user_add",
+        Some(&user.name),
+        detail,
+    )
+    .await;
+    Ok(Redirect::to("/admin/users").into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct UserActionForm {
+    /// `disable`, `enable`, `admin`, `not-admin` or `password`.
+    action: String,
+    #[serde(default)]
+    password: String,
+}
+
+pub(super) async fn change_user(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Path(name): Path<String>,
+    Form(f): Form<UserActionForm>,
+) -> PageResult {
+    let mut change = UserChange {
+        disabled: None,
+        admin: None,
+        password: None,
+    };
+    match f.action.as_str() {
+        "disable" => change.disabled = Some(true),
+        "enable" => change.disabled = Some(false),
+        "admin" => change.admin = Some(true),
+        "not-admin" => change.admin = Some(false),
+        "password" => change.password = Some(f.password),
+        other => {
+            return Err(super::PageError::BadRequest(format!(
+                "action: unknown action `{other}`"
+            )))
+        }
+    }
+    admin::change(&state, &principal, client.as_deref(), &name, &change).await?;
+    Ok(Redirect::to("/admin/users").into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct TeamForm {
+    name: String,
+}
+
+pub(super) async fn add_team(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Form(f): Form<TeamForm>,
+) -> PageResult {
+    let name = Name::parse("name", &f.name)?;
+    let team = state.store.create_team(name.as_str()).await?;
+    crate::access::audit::by(
+        &state,
+        &principal,
+        client.as_deref(),
+        "team_add",
+        Some(&team.name),
+        None,
+    )
+    .await;
+    Ok(Redirect::to("/admin/users").into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct MemberForm {
+    user: String,
+    /// `add` or `remove`.
+    #[serde(default)]
+    action: String,
+}
+
+pub(super) async fn team_member(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    client: Client,
+    Path(team): Path<String>,
+    Form(f): Form<MemberForm>,
+) -> PageResult {
+    let ext = Extension(principal);
+    let path = Path((team, f.user));
+    if f.action == "remove" {
+        admin::remove_member(State(state), ext, client, path).await?;
+    } else {
+        admin::add_member(State(state), ext, client, path).await?;
+    }
+    Ok(Redirect::to("/admin/users").into_response())
+}
+
+#[derive(Template)]
+#[template(path = "audit.html")]
+pub struct AuditView {
+    pub nav: &'static str,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub rows: Vec<AuditRow>,
+    pub older: Option<String>,
+}
+
+pub struct AuditRow {
+    pub time: String,
+    pub actor: String,
+    pub client: String,
+    pub action: String,
+    pub target: String,
+    pub detail: String,
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct AuditForm {
+    #[serde(default)]
+    actor: String,
+    #[serde(default)]
+    action: String,
+    #[serde(default)]
+    target: String,
+    #[serde(default)]
+    before: Option<i64>,
+}
+
+pub(super) async fn audit(State(state): State<AppState>, Query(f): Query<AuditForm>) -> PageResult {
+    let page = admin::audit_page(
+        &state,
+        AuditParams {
+            actor: Some(f.actor.clone()),
+            action: Some(f.action.clone()),
+            target: Some(f.target.clone()),
+            since: None,
+            until: None,
+            before: f.before,
+            limit: Some(100),
+        },
+    )
+    .await?;
+    let dash = |s: Option<String>| s.unwrap_or_else(|| "—".into());
+    let older = page.next_before.map(|seq| {
+        let enc = |s: &str| super::views::enc(s);
+        format!(
+            "/admin/audit?actor={}&action={}&target={}&before={seq}",
+            enc(&f.actor),
+            enc(&f.action),
+            enc(&f.target)
+        )
+    });
+    html(AuditView {
+        nav: "audit",
+        rows: page
+            .entries
+            .into_iter()
+            .map(|e| AuditRow {
+                time: super::views::fmt_time(e.time),
+                actor: dash(e.actor),
+                client: dash(e.client),
+                action: e.action,
+                target: dash(e.target),
+                detail: e.detail.unwrap_or_default(),
+            })
+            .collect(),
+        actor: f.actor,
+        action: f.action,
+        target: f.target,
+        older,
+    })
+}
+
+#[derive(Template)]
+#[template(path = "sharing.html")]
+pub struct SharingPage {
+    pub nav: &'static str,
+    pub experiment_id: String,
+    pub experiment: String,
+    pub owner: String,
+    pub default_level: &'static str,
+    pub grants: Vec<(String, &'static str)>,
+    /// Whether the caller may change the grants (MANAGE).
+    pub manage: bool,
+}
+
+pub(super) async fn sharing(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> PageResult {
+    let experiment = state.store.get_experiment(&id).await?;
+    let sharing = state.store.experiment_sharing(&experiment.id).await?;
+    let grants = state.store.list_grants(&experiment.id).await?;
+    let manage = principal.level_on(&state, &experiment.id).await? >= Level::Manage;
+    html(SharingPage {
+        nav: "runs",
+        experiment_id: experiment.id,
+        experiment: experiment.name,
+        owner: sharing.owner.unwrap_or_else(|| "—".into()),
+        default_level: sharing.default_level.as_str(),
+        grants: grants
+            .into_iter()
+            .map(|g| (g.subject.label(), g.level.as_str()))
+            .collect(),
+        manage,
+    })
+}
+
+#[derive(Deserialize)]
+pub(super) struct GrantForm {
+    /// `user:NAME` or `team:NAME`.
+    subject: String,
+    level: String,
+}
+
+pub(super) async fn set_sharing(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Path(id): Path<String>,
+    Form(f): Form<GrantForm>,
+) -> PageResult {
+    let experiment = state.store.get_experiment(&id).await?;
+    let subject = f.subject.trim();
+    let change = match subject.split_once(':') {
+        Some(("user", name)) => GrantChange {
+            user: Some(name.trim().to_owned()),
+            team: None,
+            level: f.level,
+        },
+        Some(("team", name)) => GrantChange {
+            user: None,
+            team: Some(name.trim().to_owned()),
+            level: f.level,
+        },
+        _ => {
+            return Err(super::PageError::BadRequest(
+                "subject: write user:NAME or team:NAME".into(),
+            ))
+        }
+    };
+    apply_grant(&state, &principal, client.as_deref(), &experiment, &change).await?;
+    Ok(Redirect::to(&format!("/experiments/{}/sharing", experiment.id)).into_response())
+}
