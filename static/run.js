@@ -174,8 +174,12 @@ function onStatus(data) {
   if (!st) return;
   setBadges(runId, st.status);
   reg.status = st.status;
+  const active = ["queued", "running"].includes(st.status);
   const stop = document.getElementById("stop-button");
-  if (stop) stop.disabled = !["queued", "running"].includes(st.status);
+  if (stop) stop.disabled = !active;
+  // A run is deleted once it has ended.
+  const del = document.getElementById("delete-button");
+  if (del) del.disabled = active;
   const out = document.querySelector("#stop-form output");
   if (out && !["queued", "running"].includes(st.status)) out.textContent = "";
 }

@@ -176,6 +176,7 @@ const RULES: &[(Method, &str, Rule)] = &[
     (Method::POST, "/runs/{id}/stop", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/relaunch", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/resume", Rule::Run(Level::Edit)),
+    (Method::POST, "/runs/{id}/delete", Rule::Run(Level::Manage)),
     (
         Method::GET,
         "/runs/{id}/checkpoints/{name}/sample",

@@ -7,4 +7,4 @@ pub mod paths;
 pub mod runs;
 
 pub use launch::{launch_run, CommandSpec, LaunchRequest, Resources};
-pub use runs::{edit_run, resume_run, stop_run};
+pub use runs::{delete_run, edit_run, resume_run, stop_run};

@@ -7,7 +7,7 @@ use crate::checkpoints::{self, ResumePoint};
 use crate::http::error::ApiError;
 use crate::launcher::StopOutcome;
 use crate::status::{change_status, illegal_transition, transition_allowed, Actor};
-use crate::store::{Run, RunUpdate};
+use crate::store::{Run, RunStatus, RunUpdate};
 use crate::validate::{Name, RunEdit};
 
 /// Applies an edit (name, tags merged, notes, the write-once config, a status change with its
@@ -53,6 +53,35 @@ pub async fn edit_run(state: &AppState, id: &str, edit: RunEdit) -> Result<Run, 
         }
     }
     Ok(run)
+}
+
+/// Deletes a run that is not queued or running: its stored data and, for a run this server
+/// launched, its directory (logs, checkpoints).
+#[instrument(skip(state))]
+pub async fn delete_run(state: &AppState, id: &str) -> Result<(), ApiError> {
+    let run = state.store.get_run(id).await?;
+    if matches!(run.status, RunStatus::Queued | RunStatus::Running) {
+        return Err(ApiError::Conflict {
+            field: None,
+            message: format!(
+                "run `{id}` is {}: stop it before deleting it",
+                run.status.as_str()
+            ),
+        });
+    }
+    let launched = state.launcher.is_launched(id);
+    state.store.delete_run(id).await?;
+    if launched {
+        let dir = state.launcher.run_dir(id);
+        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
+        if let Err(error) = removed {
+            tracing::warn!(run = %id, %error, "the deleted run's directory was not removed");
+        }
+    }
+    Ok(())
 }
 
 /// Stops a launched run: a queued one leaves the queue, a running one gets SIGTERM (it

@@ -311,6 +311,8 @@ pub trait Accounts: Send + Sync {
     async fn experiment_levels(&self, user_id: &str) -> StoreResult<BTreeMap<String, Level>>;
     async fn experiment_level(&self, user_id: &str, experiment_id: &str) -> StoreResult<Level>;
     async fn run_access(&self, run_id: &str) -> StoreResult<RunAccess>;
+    /// Deletes a run with everything stored of it (points, tags, params, events, tokens).
+    async fn delete_run(&self, run_id: &str) -> StoreResult<()>;
 
     // --- audit ---
     async fn append_audit(&self, entry: AuditNew) -> StoreResult<()>;

@@ -77,6 +77,17 @@ pub async fn add_user(
     Client(client): Client,
     ApiJson(body): ApiJson<NewUserBody>,
 ) -> Result<(StatusCode, Json<User>), ApiError> {
+    let user = create_user(&state, &principal, client.as_deref(), &body).await?;
+    Ok((StatusCode::CREATED, Json(user)))
+}
+
+/// Adds a user (shared by the API and the users page).
+pub async fn create_user(
+    state: &AppState,
+    principal: &Principal,
+    client: Option<&str>,
+    body: &NewUserBody,
+) -> Result<User, ApiError> {
     let name = Name::parse("name", &body.name)?;
     let hash = hash(&body.password).await?;
     let user = state
@@ -85,15 +96,15 @@ pub async fn add_user(
         .await?;
     let detail = body.admin.then(|| "admin".to_owned());
     audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
+        state,
+        principal,
+        client,
         "user_add",
         Some(&user.name),
         detail,
     )
     .await;
-    Ok((StatusCode::CREATED, Json(user)))
+    Ok(user)
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -205,18 +216,21 @@ pub async fn add_team(
     Client(client): Client,
     ApiJson(body): ApiJson<NewTeam>,
 ) -> Result<(StatusCode, Json<Team>), ApiError> {
-    let name = Name::parse("name", &body.name)?;
-    let team = state.store.create_team(name.as_str()).await?;
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "team_add",
-        Some(&team.name),
-        None,
-    )
-    .await;
+    let team = create_team(&state, &principal, client.as_deref(), &body.name).await?;
     Ok((StatusCode::CREATED, Json(team)))
+}
+
+/// Creates a team (shared by the API and the users page).
+pub async fn create_team(
+    state: &AppState,
+    principal: &Principal,
+    client: Option<&str>,
+    name: &str,
+) -> Result<Team, ApiError> {
+    let name = Name::parse("name", name)?;
+    let team = state.store.create_team(name.as_str()).await?;
+    audit::by(state, principal, client, "team_add", Some(&team.name), None).await;
+    Ok(team)
 }
 
 async fn team_and_user(state: &AppState, team: &str, user: &str) -> Result<(Team, User), ApiError> {

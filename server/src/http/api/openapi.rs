@@ -40,6 +40,7 @@ use crate::app::AppState;
         super::runs::search_runs,
         super::runs::get_run,
         super::runs::patch_run,
+        super::runs::delete_run,
         super::runs::heartbeat,
         super::metrics::post_metrics,
         super::metrics::read_series,

@@ -25,7 +25,10 @@ use crate::validate::{tracked_config, Invalid, Name, RunEdit, Tags};
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/runs", get(search_runs).post(create_run))
-        .route("/runs/{id}", get(get_run).patch(patch_run))
+        .route(
+            "/runs/{id}",
+            get(get_run).patch(patch_run).delete(delete_run),
+        )
         .route("/runs/{id}/heartbeat", axum::routing::post(heartbeat))
 }
 
@@ -300,6 +303,34 @@ pub async fn patch_run(
         state.liveness.record(&id);
     }
     Ok(Json(crate::actions::edit_run(&state, &id, edit).await?))
+}
+
+/// Deletes a run that is not queued or running, with its metrics, and for a launched run its
+/// directory (MANAGE on its experiment).
+#[utoipa::path(delete, path = "/api/v1/runs/{id}", tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 409, description = "The run is queued or running: stop it first", body = ErrorBody),
+    ))]
+#[instrument(skip(state, principal))]
+pub async fn delete_run(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    crate::actions::delete_run(&state, &id).await?;
+    audit::by(
+        &state,
+        &principal,
+        client.as_deref(),
+        "run_delete",
+        Some(&id),
+        None,
+    )
+    .await;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A reporting client's sign of life. A running run this server did not launch that sends no

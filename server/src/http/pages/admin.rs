@@ -11,10 +11,9 @@ use super::{html, PageResult};
 use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::access::Client;
-use crate::http::api::admin::{self, AuditParams, UserChange};
+use crate::http::api::admin::{self, AuditParams, NewUserBody, UserChange};
 use crate::http::api::experiments::{apply_grant, GrantChange};
 use crate::store::accounts::{Level, Team, User};
-use crate::validate::Name;
 
 #[derive(Template)]
 #[template(path = "users.html")]
@@ -46,23 +45,12 @@ pub(super) async fn add_user(
     Client(client): Client,
     Form(f): Form<NewUserForm>,
 ) -> PageResult {
-    let name = Name::parse("name", &f.name)?;
-    let hash = admin::hash(&f.password).await?;
-    let admin_flag = f.admin.is_some();
-    let user = state
-        .store
-        .create_user(name.as_str(), Some(&hash), admin_flag)
-        .await?;
-    let detail = admin_flag.then(|| "admin".to_owned());
-    crate::access::audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "user_add",
-        Some(&user.name),
-        detail,
-    )
-    .await;
+    let body = NewUserBody {
+        name: f.name,
+        password: f.password,
+        admin: f.admin.is_some(),
+    };
+    admin::create_user(&state, &principal, client.as_deref(), &body).await?;
     Ok(Redirect::to("/admin/users").into_response())
 }
 
@@ -113,17 +101,7 @@ pub(super) async fn add_team(
     Client(client): Client,
     Form(f): Form<TeamForm>,
 ) -> PageResult {
-    let name = Name::parse("name", &f.name)?;
-    let team = state.store.create_team(name.as_str()).await?;
-    crate::access::audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "team_add",
-        Some(&team.name),
-        None,
-    )
-    .await;
+    admin::create_team(&state, &principal, client.as_deref(), &f.name).await?;
     Ok(Redirect::to("/admin/users").into_response())
 }
 

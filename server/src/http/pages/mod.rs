@@ -115,6 +115,7 @@ pub fn router() -> Router<AppState> {
         .route("/runs/{id}/stop", post(stop_run))
         .route("/runs/{id}/relaunch", post(relaunch_run))
         .route("/runs/{id}/resume", post(run::resume_run))
+        .route("/runs/{id}/delete", post(run::delete_run))
         .route("/runs/{id}/panels", get(checkpoints::panels))
         .route(
             "/runs/{id}/checkpoints/{name}/sample",

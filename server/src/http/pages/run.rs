@@ -26,8 +26,11 @@ pub(super) async fn run_page(
 ) -> PageResult {
     check_run_id(&id)?;
     let run = state.store.get_run(&id).await?;
-    let can_edit = principal.may_write()
-        && principal.level_on(&state, &run.experiment_id).await? >= Level::Edit;
+    let level = match principal.may_write() {
+        true => principal.level_on(&state, &run.experiment_id).await?,
+        false => Level::Read,
+    };
+    let (can_edit, can_manage) = (level >= Level::Edit, level >= Level::Manage);
     let experiment = state.store.get_experiment(&run.experiment_id).await?;
     let keys: Vec<String> = state
         .store
@@ -94,6 +97,7 @@ pub(super) async fn run_page(
             .map(|s| s.to_string())
             .unwrap_or_default(),
         can_edit,
+        can_manage,
     };
     html(view)
 }
@@ -220,6 +224,27 @@ pub(super) async fn set_notes(
     })?;
     actions::edit_run(&state, &id, edit).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
+}
+
+pub(super) async fn delete_run(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Client(client): Client,
+    Path(id): Path<String>,
+) -> PageResult {
+    check_run_id(&id)?;
+    let experiment = state.store.get_run(&id).await?.experiment_id;
+    actions::delete_run(&state, &id).await?;
+    audit::by(
+        &state,
+        &principal,
+        client.as_deref(),
+        "run_delete",
+        Some(&id),
+        None,
+    )
+    .await;
+    Ok(Redirect::to(&format!("/experiments/{experiment}")).into_response())
 }
 
 pub(super) async fn stop_run(

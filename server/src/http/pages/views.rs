@@ -203,6 +203,8 @@ pub struct RunPage {
     pub after_step: String,
     /// Whether the caller may act on the run (stop, resume, relaunch, tags, notes): EDIT.
     pub can_edit: bool,
+    /// Whether the caller may delete the run: MANAGE.
+    pub can_manage: bool,
 }
 
 pub struct CompareRun {

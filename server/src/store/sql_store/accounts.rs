@@ -612,6 +612,15 @@ impl Accounts for SqlStore {
         })
     }
 
+    async fn delete_run(&self, run_id: &str) -> StoreResult<()> {
+        // Every table that refers to a run does so with ON DELETE CASCADE.
+        let q = Sql::new("DELETE FROM runs WHERE id = $1").bind(run_id);
+        match self.write(q).await? {
+            0 => Err(common::not_found_run(run_id)),
+            _ => Ok(()),
+        }
+    }
+
     async fn append_audit(&self, e: AuditNew) -> StoreResult<()> {
         let q = Sql::new(
             "INSERT INTO audit_log (time, actor, client, action, target, detail) \

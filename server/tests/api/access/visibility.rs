@@ -287,3 +287,60 @@ async fn the_default_level_lets_every_signed_in_user_read_new_experiments(app: &
 crate::on_both_backends_with!(accounts_sharing_by_default;
     the_default_level_lets_every_signed_in_user_read_new_experiments,
 );
+
+async fn deleting_a_run_takes_manage_and_a_stopped_run(app: &TestApp) {
+    add_user(app, "alice", false).await;
+    add_user(app, "ed", false).await;
+    let alice = sign_in(app, "alice", PASSWORD).await;
+    let ed = sign_in(app, "ed", PASSWORD).await;
+    let ids = create_runs(app, &alice, "mine", 2).await;
+    let grant = json!({"user": "ed", "level": "edit"});
+    send(
+        app,
+        &alice,
+        Method::PUT,
+        "/api/v1/experiments/mine/grants",
+        Some(&grant),
+    )
+    .await;
+    let path = format!("/api/v1/runs/{}", ids[0]);
+    assert_eq!(
+        send(app, &ed, Method::DELETE, &path, None).await.status(),
+        StatusCode::FORBIDDEN
+    );
+    let running = json!({"status": "running"});
+    send(app, &alice, Method::PATCH, &path, Some(&running)).await;
+    let busy = send(app, &alice, Method::DELETE, &path, None).await;
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    let finished = json!({"status": "finished"});
+    send(app, &alice, Method::PATCH, &path, Some(&finished)).await;
+    assert_eq!(
+        send(app, &alice, Method::DELETE, &path, None)
+            .await
+            .status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        send(app, &alice, Method::GET, &path, None).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    // The other run is untouched; the deletion is in the audit log.
+    let other = format!("/api/v1/runs/{}", ids[1]);
+    assert_eq!(
+        send(app, &alice, Method::GET, &other, None).await.status(),
+        StatusCode::OK
+    );
+    let log = admin(
+        app,
+        Method::GET,
+        "/api/v1/audit?action=run_delete",
+        json!({}),
+    )
+    .await;
+    assert_eq!(log["entries"][0]["target"], ids[0].as_str());
+    assert_eq!(log["entries"][0]["actor"], "alice");
+}
+
+crate::on_both_backends_with!(accounts;
+    deleting_a_run_takes_manage_and_a_stopped_run,
+);
