@@ -144,7 +144,10 @@ async fn a_signed_in_user_launches_and_watches_a_run_and_a_reader_sees_it_withou
 
     // Alice shares the experiment with rita (READ): from the run page, through the
     // experiment's "sharing" link, as a person would.
-    b.client.goto(&app.url(&format!("/runs/{id}"))).await.expect("goto");
+    b.client
+        .goto(&app.url(&format!("/runs/{id}")))
+        .await
+        .expect("goto");
     click(&b, "#sharing-link").await;
     b.wait_for("return !!document.getElementById('grant-form')", WAIT)
         .await;
