@@ -142,15 +142,15 @@ async fn a_signed_in_user_launches_and_watches_a_run_and_a_reader_sees_it_withou
     );
     b.screenshot("teams-owner").await;
 
-    // Alice shares the experiment with rita (READ) on its sharing page.
-    let experiment = run["experiment_id"]
-        .as_str()
-        .expect("experiment")
-        .to_owned();
+    // Alice shares the experiment with rita (READ): from the run page, through the
+    // experiment's "sharing" link, as a person would.
     b.client
-        .goto(&app.url(&format!("/experiments/{experiment}/sharing")))
+        .goto(&app.url(&format!("/runs/{id}")))
         .await
         .expect("goto");
+    click(&b, "#sharing-link").await;
+    b.wait_for("return !!document.getElementById('grant-form')", WAIT)
+        .await;
     type_into(&b, "g-subject", "user:rita").await;
     click(&b, "#grant-form button").await;
     b.wait_for(

@@ -11,6 +11,7 @@ mod kit;
 
 mod harness;
 
+mod access;
 mod downsampling;
 mod experiments;
 mod full_disk;
@@ -45,6 +46,7 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    access::a_users_level_is_the_highest_of_owner_own_grant_team_grants_and_default,
     experiments::the_default_experiment_exists_with_id_zero,
     experiments::creating_an_experiment_with_a_taken_name_is_a_conflict,
     experiments::an_experiment_is_found_by_id_or_by_name,

@@ -426,3 +426,30 @@ fn listening_port(logs: &str) -> Option<u16> {
         .parse()
         .ok()
 }
+
+fn accounts_behind_https(s: &mut trainyard::app::Settings) {
+    accounts(s);
+    s.public_url = Some("https://trainyard.example".parse().expect("url"));
+}
+
+async fn behind_an_https_public_url_the_session_cookie_is_secure(app: &TestApp) {
+    add_user(app, "alice", false).await;
+    let response = send(
+        app,
+        &Auth::Nobody,
+        Method::POST,
+        "/api/v1/session",
+        Some(&json!({"name": "alice", "password": PASSWORD})),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+}
+
+crate::on_both_backends_with!(accounts_behind_https;
+    behind_an_https_public_url_the_session_cookie_is_secure,
+);
