@@ -195,13 +195,14 @@ fn check_command_allowed(state: &AppState, req: &LaunchRequest) -> Result<(), Ap
 
 /// Validates a launch request, creates the run as `queued` and hands it to the launcher.
 #[instrument(skip(state, req))]
-/// Admits a launch request for `principal`: it needs EDIT on the experiment (a new experiment
-/// name creates one it owns), and the run records it as its creator.
+/// Admits a launch request for `actor`: it needs EDIT on the experiment (a new experiment
+/// name creates one it owns), the run records it as its creator, and the audit log the launch.
 pub async fn launch_run(
     state: &AppState,
-    principal: &crate::access::Principal,
+    actor: &crate::access::audit::Actor,
     mut req: LaunchRequest,
 ) -> Result<Run, ApiError> {
+    let principal = &actor.principal;
     check_command_allowed(state, &req)?;
     let experiment = Name::parse(
         "experiment",
@@ -266,7 +267,9 @@ pub async fn launch_run(
         status: None,
         created_by: principal.user_id().map(str::to_owned),
     };
-    Ok(state.launcher.launch(new, spec).await?)
+    let run = state.launcher.launch(new, spec).await?;
+    actor.record(state, "run_launch", Some(&run.id), None).await;
+    Ok(run)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use tracing::instrument;
 
+use crate::access::audit;
 use crate::app::AppState;
 use crate::checkpoints::{self, ResumePoint};
 use crate::http::error::ApiError;
@@ -57,8 +58,8 @@ pub async fn edit_run(state: &AppState, id: &str, edit: RunEdit) -> Result<Run, 
 
 /// Deletes a run that is not queued or running: its stored data and, for a run this server
 /// launched, its directory (logs, checkpoints).
-#[instrument(skip(state))]
-pub async fn delete_run(state: &AppState, id: &str) -> Result<(), ApiError> {
+#[instrument(skip(state, actor))]
+pub async fn delete_run(state: &AppState, actor: &audit::Actor, id: &str) -> Result<(), ApiError> {
     let run = state.store.get_run(id).await?;
     if matches!(run.status, RunStatus::Queued | RunStatus::Running) {
         return Err(ApiError::Conflict {
@@ -81,24 +82,32 @@ pub async fn delete_run(state: &AppState, id: &str) -> Result<(), ApiError> {
             tracing::warn!(run = %id, %error, "the deleted run's directory was not removed");
         }
     }
+    actor.record(state, "run_delete", Some(id), None).await;
     Ok(())
 }
 
 /// Stops a launched run: a queued one leaves the queue, a running one gets SIGTERM (it
 /// checkpoints and exits) and SIGKILL after the grace period.
-#[instrument(skip(state))]
-pub async fn stop_run(state: &AppState, id: &str) -> Result<StopOutcome, ApiError> {
+#[instrument(skip(state, actor))]
+pub async fn stop_run(
+    state: &AppState,
+    actor: &audit::Actor,
+    id: &str,
+) -> Result<StopOutcome, ApiError> {
     state.store.get_run(id).await?;
-    Ok(state.launcher.stop(id).await?)
+    let outcome = state.launcher.stop(id).await?;
+    actor.record(state, "run_stop", Some(id), None).await;
+    Ok(outcome)
 }
 
 /// Continues an ended run that this server launched from one of its checkpoints, as a new
 /// attempt of the same run: its metrics go on in the same series (a step already stored keeps
 /// its first value), and the attempt is recorded in its events and its `trainyard.attempts`
 /// tag.
-#[instrument(skip(state))]
+#[instrument(skip(state, actor))]
 pub async fn resume_run(
     state: &AppState,
+    actor: &audit::Actor,
     id: &str,
     from: ResumePoint,
     gpus: Option<usize>,
@@ -112,8 +121,11 @@ pub async fn resume_run(
     let (checkpoint, path) = tokio::task::spawn_blocking(move || checkpoints::resolve(&dir, &from))
         .await
         .map_err(|e| ApiError::Internal(e.into()))??;
-    Ok(state
+    let run = state
         .launcher
         .resume(id, path, checkpoint.step, gpus)
-        .await?)
+        .await?;
+    let detail = Some(format!("from step {}", checkpoint.step));
+    actor.record(state, "run_resume", Some(id), detail).await;
+    Ok(run)
 }

@@ -158,26 +158,16 @@ impl ResumeRequest {
         (status = 422, description = "No such checkpoint (the message lists the steps there \
             are), or more GPUs than the server has", body = ErrorBody),
     ))]
-#[instrument(skip(state, principal, body))]
+#[instrument(skip(state, actor, body))]
 pub async fn resume(
     State(state): State<AppState>,
-    axum::Extension(principal): axum::Extension<crate::access::Principal>,
-    crate::http::access::Client(client): crate::http::access::Client,
+    actor: crate::access::audit::Actor,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ResumeRequest>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
     let point = body.point()?;
     let gpus = body.resources.map(|r| r.gpus);
-    let run = crate::actions::resume_run(&state, &id, point, gpus).await?;
-    crate::access::audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "run_resume",
-        Some(&id),
-        None,
-    )
-    .await;
+    let run = crate::actions::resume_run(&state, &actor, &id, point, gpus).await?;
     Ok((StatusCode::ACCEPTED, Json(run)))
 }
 

@@ -33,22 +33,12 @@ pub struct StopResponse {
         (status = 404, body = ErrorBody),
         (status = 409, description = "Not queued or running", body = ErrorBody),
     ))]
-#[instrument(skip(state, principal))]
+#[instrument(skip(state, actor))]
 pub async fn stop_run(
     State(state): State<AppState>,
-    axum::Extension(principal): axum::Extension<crate::access::Principal>,
-    crate::http::access::Client(client): crate::http::access::Client,
+    actor: crate::access::audit::Actor,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<StopResponse>), ApiError> {
-    let status = crate::actions::stop_run(&state, &id).await?;
-    crate::access::audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "run_stop",
-        Some(&id),
-        None,
-    )
-    .await;
+    let status = crate::actions::stop_run(&state, &actor, &id).await?;
     Ok((StatusCode::ACCEPTED, Json(StopResponse { id, status })))
 }

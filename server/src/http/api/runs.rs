@@ -11,10 +11,10 @@ use tracing::instrument;
 use trainer::wire::RunPatch;
 
 use super::openapi::RunPatchDoc;
-use crate::access::{audit, Principal};
+use crate::access::audit::Actor;
+use crate::access::Principal;
 use crate::actions::{CommandSpec, LaunchRequest, Resources};
 use crate::app::AppState;
-use crate::http::access::Client;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::{ApiJson, ApiQuery};
 use crate::search::SearchParams;
@@ -180,24 +180,15 @@ pub struct RunList {
             would refuse, a dataset, tokenizer or checkpoint path that does not exist, more GPUs \
             than the server has", body = ErrorBody),
     ))]
-#[instrument(skip(state, body))]
+#[instrument(skip(state, actor, body))]
 pub async fn create_run(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
+    let principal = &actor.principal;
     if body.launch {
-        let run = crate::actions::launch_run(&state, &principal, body.into_launch()).await?;
-        audit::by(
-            &state,
-            &principal,
-            client.as_deref(),
-            "run_launch",
-            Some(&run.id),
-            None,
-        )
-        .await;
+        let run = crate::actions::launch_run(&state, &actor, body.into_launch()).await?;
         return Ok((StatusCode::CREATED, Json(run)));
     }
     if let Some(field) = body.launch_only_field() {
@@ -209,13 +200,12 @@ pub async fn create_run(
         "experiment",
         body.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT),
     )?;
-    crate::access::may_add_runs(&state, &principal, Some(experiment.as_str())).await?;
+    crate::access::may_add_runs(&state, principal, Some(experiment.as_str())).await?;
     let name = body.name.map(|n| Name::parse("name", &n)).transpose()?;
     let config = tracked_config(body.config)?;
     let tags = Tags::parse(body.tags)?;
     let experiment_id =
-        crate::access::experiment_for_new_run(&state, &principal, Some(experiment.as_str()))
-            .await?;
+        crate::access::experiment_for_new_run(&state, principal, Some(experiment.as_str())).await?;
     let run = state
         .store
         .create_run(NewRun {
@@ -227,15 +217,9 @@ pub async fn create_run(
             created_by: principal.user_id().map(str::to_owned),
         })
         .await?;
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "run_create",
-        Some(&run.id),
-        None,
-    )
-    .await;
+    actor
+        .record(&state, "run_create", Some(&run.id), None)
+        .await;
     Ok((StatusCode::CREATED, Json(run)))
 }
 
@@ -313,23 +297,13 @@ pub async fn patch_run(
         (status = 204, description = "Deleted"),
         (status = 409, description = "The run is queued or running: stop it first", body = ErrorBody),
     ))]
-#[instrument(skip(state, principal))]
+#[instrument(skip(state, actor))]
 pub async fn delete_run(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    crate::actions::delete_run(&state, &id).await?;
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "run_delete",
-        Some(&id),
-        None,
-    )
-    .await;
+    crate::actions::delete_run(&state, &actor, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

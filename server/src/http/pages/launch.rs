@@ -4,14 +4,12 @@
 
 use super::views::*;
 use super::{html, PageError, PageResult};
-use crate::access::{audit, Principal};
+use crate::access::audit::Actor;
 use crate::actions::{self, LaunchRequest, Resources};
 use crate::app::AppState;
-use crate::http::access::Client;
 use axum::extract::{Form, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect};
-use axum::Extension;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -162,30 +160,18 @@ fn request_of(f: &LaunchFields) -> Result<LaunchRequest, Problem> {
 
 pub async fn submit(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     Form(f): Form<LaunchFields>,
 ) -> PageResult {
     // Whether the caller may launch into that experiment comes before what is in the form.
     let experiment = Some(f.experiment.trim()).filter(|e| !e.is_empty());
-    crate::access::may_add_runs(&state, &principal, experiment)
+    crate::access::may_add_runs(&state, &actor.principal, experiment)
         .await
         .map_err(crate::http::ApiError::from)?;
     let problem = match request_of(&f) {
         Err(problem) => problem,
-        Ok(request) => match actions::launch_run(&state, &principal, request).await {
-            Ok(run) => {
-                audit::by(
-                    &state,
-                    &principal,
-                    client.as_deref(),
-                    "run_launch",
-                    Some(&run.id),
-                    None,
-                )
-                .await;
-                return Ok(Redirect::to(&format!("/runs/{}", run.id)).into_response());
-            }
+        Ok(request) => match actions::launch_run(&state, &actor, request).await {
+            Ok(run) => return Ok(Redirect::to(&format!("/runs/{}", run.id)).into_response()),
             Err(e) if e.status().is_client_error() => {
                 let message = e.to_string();
                 Problem {

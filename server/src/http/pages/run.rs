@@ -4,10 +4,10 @@
 use super::launch;
 use super::views::*;
 use super::{check_run_id, html, PageResult};
-use crate::access::{audit, Principal};
+use crate::access::audit::Actor;
+use crate::access::Principal;
 use crate::actions::{self, LaunchRequest};
 use crate::app::AppState;
-use crate::http::access::Client;
 use crate::store::accounts::Level;
 use crate::store::RunStatus;
 use crate::validate::RunEdit;
@@ -166,23 +166,13 @@ pub(super) struct ResumeForm {
 /// "Resume" (from the header: latest; from a checkpoint row: that step).
 pub(super) async fn resume_run(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     Path(id): Path<String>,
     Form(f): Form<ResumeForm>,
 ) -> PageResult {
     check_run_id(&id)?;
     let from = crate::checkpoints::ResumePoint::parse("from", &f.from)?;
-    actions::resume_run(&state, &id, from, None).await?;
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "run_resume",
-        Some(&id),
-        None,
-    )
-    .await;
+    actions::resume_run(&state, &actor, &id, from, None).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
@@ -228,49 +218,28 @@ pub(super) async fn set_notes(
 
 pub(super) async fn delete_run(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     Path(id): Path<String>,
 ) -> PageResult {
     check_run_id(&id)?;
     let experiment = state.store.get_run(&id).await?.experiment_id;
-    actions::delete_run(&state, &id).await?;
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "run_delete",
-        Some(&id),
-        None,
-    )
-    .await;
+    actions::delete_run(&state, &actor, &id).await?;
     Ok(Redirect::to(&format!("/experiments/{experiment}")).into_response())
 }
 
 pub(super) async fn stop_run(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     Path(id): Path<String>,
 ) -> PageResult {
     check_run_id(&id)?;
-    actions::stop_run(&state, &id).await?;
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "run_stop",
-        Some(&id),
-        None,
-    )
-    .await;
+    actions::stop_run(&state, &actor, &id).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 
 pub(super) async fn relaunch_run(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     Path(id): Path<String>,
 ) -> PageResult {
     check_run_id(&id)?;
@@ -296,15 +265,6 @@ pub(super) async fn relaunch_run(
             gpus,
         )
     };
-    let new = actions::launch_run(&state, &principal, request).await?;
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "run_launch",
-        Some(&new.id),
-        Some(format!("relaunch of {id}")),
-    )
-    .await;
+    let new = actions::launch_run(&state, &actor, request).await?;
     Ok(Redirect::to(&format!("/runs/{}", new.id)).into_response())
 }
