@@ -13,6 +13,7 @@ use super::{
 };
 
 mod accounts;
+mod grants;
 mod keys;
 mod metrics;
 mod runs;

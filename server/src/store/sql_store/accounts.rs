@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::SqlStore;
 use crate::store::accounts::{
     Accounts, ApiToken, AuditEntry, AuditNew, AuditQuery, Grant, Level, RunAccess, Session,
-    SessionNew, Sharing, Subject, Team, TokenNew, TokenScope, User,
+    SessionNew, Sharing, Team, TokenNew, TokenScope, User,
 };
 use crate::store::common::{self, parse_status};
 use crate::store::sql::{Row, Sql};
@@ -44,13 +44,13 @@ fn token(row: &Row) -> StoreResult<ApiToken> {
     })
 }
 
-fn level(text: &str) -> StoreResult<Level> {
+pub(super) fn level(text: &str) -> StoreResult<Level> {
     Level::parse(text).ok_or_else(|| corrupt("level", text))
 }
 
 /// A stored value the code does not know: the database was changed by hand or by a newer
 /// version. A logged 500, never a guess.
-fn corrupt(what: &str, value: &str) -> StoreError {
+pub(super) fn corrupt(what: &str, value: &str) -> StoreError {
     StoreError::Database(sqlx::Error::Protocol(format!(
         "unknown {what} `{value}` in the database"
     )))
@@ -115,80 +115,6 @@ impl SqlStore {
             created_at: row.get(2)?,
             id,
         }))
-    }
-
-    /// (experiment id, level) pairs that give the user access, from every source; the caller
-    /// takes the highest per experiment.
-    async fn level_sources(
-        &self,
-        user_id: &str,
-        experiment_id: Option<&str>,
-    ) -> StoreResult<Vec<(String, Level)>> {
-        let only = |column: &str| match experiment_id {
-            Some(_) => format!(" AND {column} = $2"),
-            None => String::new(),
-        };
-        let mut q = Sql::new(format!(
-            "SELECT id, 'manage' FROM experiments WHERE owner_id = $1{} \
-             UNION ALL SELECT id, default_level FROM experiments \
-               WHERE default_level <> 'none'{} \
-             UNION ALL SELECT experiment_id, level FROM experiment_grants \
-               WHERE subject_kind = 'user' AND subject_id = $1{} \
-             UNION ALL SELECT g.experiment_id, g.level FROM experiment_grants g \
-               JOIN team_members m ON g.subject_kind = 'team' AND g.subject_id = m.team_id \
-               WHERE m.user_id = $1{}",
-            only("id"),
-            only("id"),
-            only("experiment_id"),
-            only("g.experiment_id"),
-        ))
-        .bind(user_id);
-        if let Some(e) = experiment_id {
-            q = q.bind(e);
-        }
-        let rows = self.reader().await?.fetch_all(q).await?;
-        rows.iter()
-            .map(|r| {
-                let text: String = r.get(1)?;
-                Ok((r.get(0)?, level(&text)?))
-            })
-            .collect()
-    }
-
-    async fn insert_owned_experiment(
-        &self,
-        name: &str,
-        owner_id: Option<&str>,
-        default_level: Level,
-        on_conflict_nothing: bool,
-    ) -> StoreResult<Option<Experiment>> {
-        let field = if on_conflict_nothing {
-            "experiment"
-        } else {
-            "name"
-        };
-        let name = common::valid_name(field, name)?;
-        let conflict = if on_conflict_nothing {
-            " ON CONFLICT (name) DO NOTHING"
-        } else {
-            ""
-        };
-        let q = Sql::new(format!(
-            "INSERT INTO experiments (id, name, created_at, owner_id, default_level) \
-             VALUES ($1, $2, $3, $4, $5){conflict}"
-        ))
-        .bind(common::new_id())
-        .bind(name)
-        .bind(now_ms())
-        .bind(owner_id)
-        .bind(default_level.as_str());
-        let mut tx = self.begin_write().await?;
-        let result = tx
-            .execute(q)
-            .await
-            .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")));
-        tx.finish(result).await?;
-        Ok(Some(self.find_experiment(name).await?))
     }
 }
 
@@ -547,34 +473,7 @@ impl Accounts for SqlStore {
     }
 
     async fn list_grants(&self, experiment_id: &str) -> StoreResult<Vec<Grant>> {
-        let q = Sql::new(
-            "SELECT g.subject_kind, g.subject_id, g.level, \
-             COALESCE((SELECT u.name FROM users u WHERE g.subject_kind = 'user' \
-                       AND u.id = g.subject_id), \
-                      (SELECT t.name FROM teams t WHERE g.subject_kind = 'team' \
-                       AND t.id = g.subject_id), g.subject_id) \
-             FROM experiment_grants g WHERE g.experiment_id = $1 \
-             ORDER BY g.subject_kind, g.subject_id",
-        )
-        .bind(experiment_id);
-        let rows = self.reader().await?.fetch_all(q).await?;
-        rows.iter()
-            .map(|r| {
-                let kind: String = r.get(0)?;
-                let id: String = r.get(1)?;
-                let name: String = r.get(3)?;
-                let text: String = r.get(2)?;
-                let subject = match kind.as_str() {
-                    "user" => Subject::User { id, name },
-                    "team" => Subject::Team { id, name },
-                    other => return Err(corrupt("grant subject", other)),
-                };
-                Ok(Grant {
-                    subject,
-                    level: level(&text)?,
-                })
-            })
-            .collect()
+        self.grants_of(experiment_id).await
     }
 
     async fn experiment_levels(&self, user_id: &str) -> StoreResult<BTreeMap<String, Level>> {
@@ -636,42 +535,6 @@ impl Accounts for SqlStore {
     }
 
     async fn list_audit(&self, query: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
-        let mut q = Sql::new(
-            "SELECT seq, time, actor, client, action, target, detail FROM audit_log WHERE 1 = 1",
-        );
-        for (column, value) in [
-            ("actor", &query.actor),
-            ("action", &query.action),
-            ("target", &query.target),
-        ] {
-            if let Some(v) = value {
-                q.push(&format!(" AND {column} = ")).arg(v.as_str());
-            }
-        }
-        if let Some(since) = query.since {
-            q.push(" AND time >= ").arg(since);
-        }
-        if let Some(until) = query.until {
-            q.push(" AND time < ").arg(until);
-        }
-        if let Some(before) = query.before_seq {
-            q.push(" AND seq < ").arg(before);
-        }
-        q.push(" ORDER BY seq DESC LIMIT ")
-            .arg(i64::try_from(query.limit).unwrap_or(i64::MAX));
-        let rows = self.reader().await?.fetch_all(q).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(AuditEntry {
-                    seq: r.get(0)?,
-                    time: r.get(1)?,
-                    actor: r.get(2)?,
-                    client: r.get(3)?,
-                    action: r.get(4)?,
-                    target: r.get(5)?,
-                    detail: r.get(6)?,
-                })
-            })
-            .collect()
+        self.audit_entries(query).await
     }
 }

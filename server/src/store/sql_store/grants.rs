@@ -1,0 +1,156 @@
+//! The queries behind `Accounts` that read across tables: where a user's levels come from,
+//! experiments created with an owner, an experiment's grants, and the audit log's pages.
+
+use super::accounts::{corrupt, level};
+use super::SqlStore;
+use crate::store::accounts::{AuditEntry, AuditQuery, Grant, Level, Subject};
+use crate::store::common;
+use crate::store::sql::Sql;
+use crate::store::{now_ms, Experiment, StoreResult};
+
+impl SqlStore {
+    /// (experiment id, level) pairs that give the user access, from every source; the caller
+    /// takes the highest per experiment.
+    pub(super) async fn level_sources(
+        &self,
+        user_id: &str,
+        experiment_id: Option<&str>,
+    ) -> StoreResult<Vec<(String, Level)>> {
+        let only = |column: &str| match experiment_id {
+            Some(_) => format!(" AND {column} = $2"),
+            None => String::new(),
+        };
+        let mut q = Sql::new(format!(
+            "SELECT id, 'manage' FROM experiments WHERE owner_id = $1{} \
+             UNION ALL SELECT id, default_level FROM experiments \
+               WHERE default_level <> 'none'{} \
+             UNION ALL SELECT experiment_id, level FROM experiment_grants \
+               WHERE subject_kind = 'user' AND subject_id = $1{} \
+             UNION ALL SELECT g.experiment_id, g.level FROM experiment_grants g \
+               JOIN team_members m ON g.subject_kind = 'team' AND g.subject_id = m.team_id \
+               WHERE m.user_id = $1{}",
+            only("id"),
+            only("id"),
+            only("experiment_id"),
+            only("g.experiment_id"),
+        ))
+        .bind(user_id);
+        if let Some(e) = experiment_id {
+            q = q.bind(e);
+        }
+        let rows = self.reader().await?.fetch_all(q).await?;
+        rows.iter()
+            .map(|r| {
+                let text: String = r.get(1)?;
+                Ok((r.get(0)?, level(&text)?))
+            })
+            .collect()
+    }
+
+    pub(super) async fn insert_owned_experiment(
+        &self,
+        name: &str,
+        owner_id: Option<&str>,
+        default_level: Level,
+        on_conflict_nothing: bool,
+    ) -> StoreResult<Option<Experiment>> {
+        let field = if on_conflict_nothing {
+            "experiment"
+        } else {
+            "name"
+        };
+        let name = common::valid_name(field, name)?;
+        let conflict = if on_conflict_nothing {
+            " ON CONFLICT (name) DO NOTHING"
+        } else {
+            ""
+        };
+        let q = Sql::new(format!(
+            "INSERT INTO experiments (id, name, created_at, owner_id, default_level) \
+             VALUES ($1, $2, $3, $4, $5){conflict}"
+        ))
+        .bind(common::new_id())
+        .bind(name)
+        .bind(now_ms())
+        .bind(owner_id)
+        .bind(default_level.as_str());
+        let mut tx = self.begin_write().await?;
+        let result = tx
+            .execute(q)
+            .await
+            .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")));
+        tx.finish(result).await?;
+        Ok(Some(self.find_experiment(name).await?))
+    }
+
+    pub(super) async fn grants_of(&self, experiment_id: &str) -> StoreResult<Vec<Grant>> {
+        let q = Sql::new(
+            "SELECT g.subject_kind, g.subject_id, g.level, \
+             COALESCE((SELECT u.name FROM users u WHERE g.subject_kind = 'user' \
+                       AND u.id = g.subject_id), \
+                      (SELECT t.name FROM teams t WHERE g.subject_kind = 'team' \
+                       AND t.id = g.subject_id), g.subject_id) \
+             FROM experiment_grants g WHERE g.experiment_id = $1 \
+             ORDER BY g.subject_kind, g.subject_id",
+        )
+        .bind(experiment_id);
+        let rows = self.reader().await?.fetch_all(q).await?;
+        rows.iter()
+            .map(|r| {
+                let kind: String = r.get(0)?;
+                let id: String = r.get(1)?;
+                let name: String = r.get(3)?;
+                let text: String = r.get(2)?;
+                let subject = match kind.as_str() {
+                    "user" => Subject::User { id, name },
+                    "team" => Subject::Team { id, name },
+                    other => return Err(corrupt("grant subject", other)),
+                };
+                Ok(Grant {
+                    subject,
+                    level: level(&text)?,
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn audit_entries(&self, query: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
+        let mut q = Sql::new(
+            "SELECT seq, time, actor, client, action, target, detail FROM audit_log WHERE 1 = 1",
+        );
+        for (column, value) in [
+            ("actor", &query.actor),
+            ("action", &query.action),
+            ("target", &query.target),
+        ] {
+            if let Some(v) = value {
+                q.push(&format!(" AND {column} = ")).arg(v.as_str());
+            }
+        }
+        if let Some(since) = query.since {
+            q.push(" AND time >= ").arg(since);
+        }
+        if let Some(until) = query.until {
+            q.push(" AND time < ").arg(until);
+        }
+        if let Some(before) = query.before_seq {
+            q.push(" AND seq < ").arg(before);
+        }
+        q.push(" ORDER BY seq DESC LIMIT ")
+            .arg(i64::try_from(query.limit).unwrap_or(i64::MAX));
+        let rows = self.reader().await?.fetch_all(q).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AuditEntry {
+                    seq: r.get(0)?,
+                    time: r.get(1)?,
+                    actor: r.get(2)?,
+                    client: r.get(3)?,
+                    action: r.get(4)?,
+                    target: r.get(5)?,
+                    detail: r.get(6)?,
+                })
+            })
+            .collect()
+    }
+}
