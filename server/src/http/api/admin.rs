@@ -7,6 +7,7 @@ use axum::routing::{get, patch, put};
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 
+use crate::access::audit::Actor;
 use crate::access::{audit, password, Principal};
 use crate::app::AppState;
 use crate::http::access::Client;
@@ -257,22 +258,10 @@ async fn team_and_user(state: &AppState, team: &str, user: &str) -> Result<(Team
     ))]
 pub async fn add_member(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     Path((team, user)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let (team, user) = team_and_user(&state, &team, &user).await?;
-    state.store.add_team_member(&team.id, &user.id).await?;
-    let detail = Some(format!("added {}", user.name));
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "team_member",
-        Some(&team.name),
-        detail,
-    )
-    .await;
+    set_membership(&state, &actor, &team, &user, true).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -286,23 +275,33 @@ pub async fn add_member(
     ))]
 pub async fn remove_member(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    Client(client): Client,
+    actor: Actor,
     Path((team, user)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let (team, user) = team_and_user(&state, &team, &user).await?;
-    state.store.remove_team_member(&team.id, &user.id).await?;
-    let detail = Some(format!("removed {}", user.name));
-    audit::by(
-        &state,
-        &principal,
-        client.as_deref(),
-        "team_member",
-        Some(&team.name),
-        detail,
-    )
-    .await;
+    set_membership(&state, &actor, &team, &user, false).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Adds a user to a team or removes them (shared by the API and the users page).
+pub async fn set_membership(
+    state: &AppState,
+    actor: &Actor,
+    team: &str,
+    user: &str,
+    member: bool,
+) -> Result<(), ApiError> {
+    let (team, user) = team_and_user(state, team, user).await?;
+    let detail = if member {
+        state.store.add_team_member(&team.id, &user.id).await?;
+        format!("added {}", user.name)
+    } else {
+        state.store.remove_team_member(&team.id, &user.id).await?;
+        format!("removed {}", user.name)
+    };
+    actor
+        .record(state, "team_member", Some(&team.name), Some(detail))
+        .await;
+    Ok(())
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -8,6 +8,7 @@ use axum::Extension;
 use serde::Deserialize;
 
 use super::{html, PageResult};
+use crate::access::audit::Actor;
 use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::access::Client;
@@ -115,18 +116,12 @@ pub(super) struct MemberForm {
 
 pub(super) async fn team_member(
     State(state): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    client: Client,
+    actor: Actor,
     Path(team): Path<String>,
     Form(f): Form<MemberForm>,
 ) -> PageResult {
-    let ext = Extension(principal);
-    let path = Path((team, f.user));
-    if f.action == "remove" {
-        admin::remove_member(State(state), ext, client, path).await?;
-    } else {
-        admin::add_member(State(state), ext, client, path).await?;
-    }
+    let member = f.action != "remove";
+    admin::set_membership(&state, &actor, &team, &f.user, member).await?;
     Ok(Redirect::to("/admin/users").into_response())
 }
 
