@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, including the Postgres tests (never skipped: if Postgres cannot be
-# installed or reached, this script fails).
+# installed or reached, this script fails) and the MLflow client tests (the client is installed
+# from the Python package index into target/mlflow-venv).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -71,6 +72,11 @@ export TEST_DATABASE_URL="$PG_URL"
 echo "==> Postgres tests use $TEST_DATABASE_URL"
 
 ensure_browser
+
+# The MLflow compatibility tests drive the official `mlflow` Python client (pinned there).
+echo "==> MLflow client"
+TRAINYARD_MLFLOW_PYTHON="$(scripts/mlflow-venv.sh | tail -n 1)"
+export TRAINYARD_MLFLOW_PYTHON
 
 echo "==> cargo test --workspace"
 cargo test --workspace "$@"

@@ -1,9 +1,43 @@
-// Runs table: live status badges from the global event stream, the compare button state, and
-// saved columns (kept in this browser: a table opened without `cols=` uses them).
+// Runs table: live status badges from the global event stream, new runs added as they start
+// (a tracking client such as MLflow's, or a launch from elsewhere), the compare button state,
+// and saved columns (kept in this browser: a table opened without `cols=` uses them).
 import { subscribe, statusOf, setBadges } from "./live.js";
 
+// A status change of a run the table does not show yet: fetch this same page again and swap
+// in its rows (the server decides filter, sort and columns), keeping what was selected.
+let refreshing = null;
+let again = false;
+async function refreshRows() {
+  if (refreshing) { again = true; return; }
+  refreshing = (async () => {
+    const res = await fetch(location.href, { headers: { accept: "text/html" } });
+    if (!res.ok) return;
+    const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+    for (const id of ["runs-rows", "runs-count", "runs-empty"]) {
+      const fresh = doc.getElementById(id);
+      const old = document.getElementById(id);
+      if (!fresh || !old) continue;
+      if (id === "runs-rows") {
+        const checked = new Set([...old.querySelectorAll("input[name=runs]:checked")].map((i) => i.value));
+        for (const i of fresh.querySelectorAll("input[name=runs]")) i.checked = checked.has(i.value);
+      }
+      old.replaceWith(fresh);
+    }
+    update();
+  })();
+  try { await refreshing; } finally {
+    refreshing = null;
+    if (again) { again = false; refreshRows(); }
+  }
+}
+
 subscribe("/api/v1/events", {
-  status: (d) => { const s = statusOf(d); if (s) setBadges(s.run_id, s.status); },
+  status: (d) => {
+    const s = statusOf(d);
+    if (!s) return;
+    if (document.querySelector(`[data-run-row="${CSS.escape(s.run_id)}"]`)) setBadges(s.run_id, s.status);
+    else refreshRows();
+  },
   // The server dropped events for this slow client: the table may be stale, so re-render it.
   lagged: () => location.reload(),
 });

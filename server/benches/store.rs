@@ -145,6 +145,7 @@ async fn search(store: &DynStore) {
             limit: 100,
             cursor: None,
             visible_experiments: None,
+            lifecycle: Default::default(),
         };
         let mut times = Vec::new();
         for _ in 0..10 {

@@ -208,6 +208,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .merge(http::api::health::router())
         .nest("/api/v1", http::api_router())
+        .merge(http::mlflow::router())
         .merge(http::pages::router())
         // The one access check, on every route above (not on fallbacks: an unknown path is a
         // 404 whoever asks).

@@ -115,6 +115,7 @@ pub async fn mark_silent_runs_lost(state: &AppState, now_ms: i64) -> StoreResult
                 limit: 500,
                 cursor: cursor.take(),
                 visible_experiments: None,
+                lifecycle: crate::store::Lifecycle::All,
             })
             .await?;
         for run in page.runs {

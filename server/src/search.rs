@@ -99,6 +99,7 @@ impl SearchParams {
             limit,
             cursor: given(&self.cursor).map(str::to_string),
             visible_experiments: None,
+            lifecycle: Default::default(),
         })
     }
 }

@@ -11,6 +11,7 @@ mod kit;
 mod support;
 
 mod charts;
+mod mlflow;
 mod resume;
 mod teams;
 

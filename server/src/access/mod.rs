@@ -14,7 +14,7 @@ pub mod principal;
 pub mod secret;
 pub mod throttle;
 
-pub use policy::Rule;
+pub use policy::{Rule, Target};
 pub use principal::Principal;
 
 use crate::app::AppState;
@@ -74,6 +74,8 @@ pub async fn decide(
         // A run's token reports its own run and does nothing else.
         return match (rule, id) {
             (Rule::Report, Some(id)) if id == run_id => Ok(()),
+            // Its handler checks the run it names with `Rule::Report`, which lands above.
+            (Rule::InRequest(Target::Report), None) => Ok(()),
             _ => Err(Denied::Forbidden(
                 "a run's token may only report that run".into(),
             )),
@@ -81,6 +83,8 @@ pub async fn decide(
     }
     match rule {
         Rule::Public | Rule::SignedIn => Ok(()),
+        // The handler applies the target's rule once it has read the target's name.
+        Rule::InRequest(_) => Ok(()),
         Rule::Admin => Err(Denied::Forbidden(
             "only an administrator may do this".into(),
         )),
@@ -92,6 +96,21 @@ pub async fn decide(
             let experiment = state.store.get_experiment(asked).await?;
             require_experiment(state, principal, &experiment.id, asked, level).await
         }
+    }
+}
+
+/// The second half of an [`Rule::InRequest`] route's check, in its handler: `id` is the run or
+/// experiment the request names. Any other rule was decided in full before the handler ran.
+pub async fn require_named(
+    state: &AppState,
+    principal: &Principal,
+    rule: Rule,
+    write: bool,
+    id: &str,
+) -> Result<(), Denied> {
+    match rule {
+        Rule::InRequest(target) => decide(state, principal, target.rule(), write, Some(id)).await,
+        _ => Ok(()),
     }
 }
 

@@ -24,6 +24,33 @@ pub enum Rule {
     Report,
     /// Instance administrators only.
     Admin,
+    /// The target is named in the query string or the body, not the path (the MLflow
+    /// protocol): the check here lets any caller through that could pass the rule at all, and
+    /// the handler applies it once it has read the name (`crate::access::require_named`).
+    InRequest(Target),
+}
+
+/// What an [`Rule::InRequest`] route acts on, and the level it needs there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A run named by its id; the caller needs this level on its experiment.
+    Run(Level),
+    /// A run that reports here (its metrics, params, tags, status, artifacts): EDIT on its
+    /// experiment, or that run's own token.
+    Report,
+    /// An experiment named by its id or name.
+    Experiment(Level),
+}
+
+impl Target {
+    /// The rule the handler applies once it knows the id.
+    pub fn rule(self) -> Rule {
+        match self {
+            Target::Run(level) => Rule::Run(level),
+            Target::Report => Rule::Report,
+            Target::Experiment(level) => Rule::Experiment(level),
+        }
+    }
 }
 
 /// `(method, route pattern as registered, rule)`. `GET` rows also cover `HEAD`.
@@ -171,6 +198,11 @@ const RULES: &[(Method, &str, Rule)] = &[
     ),
     (Method::GET, "/runs/{id}", Rule::Run(Level::Read)),
     (Method::GET, "/runs/{id}/panels", Rule::Run(Level::Read)),
+    (
+        Method::GET,
+        "/runs/{id}/artifacts/{*path}",
+        Rule::Run(Level::Read),
+    ),
     (Method::POST, "/runs/{id}/tags", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/notes", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/stop", Rule::Run(Level::Edit)),
@@ -199,7 +231,106 @@ const RULES: &[(Method, &str, Rule)] = &[
     (Method::POST, "/admin/teams", Rule::Admin),
     (Method::POST, "/admin/teams/{id}/members", Rule::Admin),
     (Method::GET, "/admin/audit", Rule::Admin),
+    // --- the MLflow tracking protocol (`http::mlflow`), the same under /api and /ajax-api ---
+    (
+        Method::POST,
+        "/api/2.0/mlflow/experiments/create",
+        Rule::SignedIn,
+    ),
+    (Method::GET, "/api/2.0/mlflow/experiments/get", EXP_READ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/experiments/get-by-name",
+        EXP_READ,
+    ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/experiments/search",
+        Rule::SignedIn,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/experiments/search",
+        Rule::SignedIn,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/experiments/update",
+        EXP_MANAGE,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/experiments/delete",
+        EXP_MANAGE,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/experiments/restore",
+        EXP_MANAGE,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/experiments/set-experiment-tag",
+        EXP_EDIT,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/experiments/delete-experiment-tag",
+        EXP_EDIT,
+    ),
+    (Method::POST, "/api/2.0/mlflow/runs/create", EXP_EDIT),
+    (Method::GET, "/api/2.0/mlflow/runs/get", RUN_READ),
+    (Method::POST, "/api/2.0/mlflow/runs/update", REPORT),
+    (Method::POST, "/api/2.0/mlflow/runs/delete", RUN_EDIT),
+    (Method::POST, "/api/2.0/mlflow/runs/restore", RUN_EDIT),
+    (Method::GET, "/api/2.0/mlflow/runs/search", Rule::SignedIn),
+    (Method::POST, "/api/2.0/mlflow/runs/search", Rule::SignedIn),
+    (Method::POST, "/api/2.0/mlflow/runs/log-metric", REPORT),
+    (Method::POST, "/api/2.0/mlflow/runs/log-batch", REPORT),
+    (Method::POST, "/api/2.0/mlflow/runs/log-parameter", REPORT),
+    (Method::POST, "/api/2.0/mlflow/runs/set-tag", REPORT),
+    (Method::POST, "/api/2.0/mlflow/runs/delete-tag", REPORT),
+    (Method::POST, "/api/2.0/mlflow/runs/log-inputs", REPORT),
+    (Method::GET, "/api/2.0/mlflow/metrics/get-history", RUN_READ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/metrics/get-history-bulk-interval",
+        RUN_READ,
+    ),
+    (Method::GET, "/api/2.0/mlflow/artifacts/list", RUN_READ),
+    (Method::GET, "/api/2.0/mlflow-artifacts/artifacts", RUN_READ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow-artifacts/artifacts/{*path}",
+        RUN_READ,
+    ),
+    (
+        Method::PUT,
+        "/api/2.0/mlflow-artifacts/artifacts/{*path}",
+        REPORT,
+    ),
+    (
+        Method::DELETE,
+        "/api/2.0/mlflow-artifacts/artifacts/{*path}",
+        RUN_EDIT,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/logged-models/search",
+        Rule::SignedIn,
+    ),
+    (Method::GET, "/api/3.0/mlflow/server-info", Rule::SignedIn),
 ];
+
+const EXP_READ: Rule = Rule::InRequest(Target::Experiment(Level::Read));
+const EXP_EDIT: Rule = Rule::InRequest(Target::Experiment(Level::Edit));
+const EXP_MANAGE: Rule = Rule::InRequest(Target::Experiment(Level::Manage));
+const RUN_READ: Rule = Rule::InRequest(Target::Run(Level::Read));
+const RUN_EDIT: Rule = Rule::InRequest(Target::Run(Level::Edit));
+const REPORT: Rule = Rule::InRequest(Target::Report);
+
+/// The browser UI of MLflow calls the same routes under `/ajax-api`: one rule for both.
+const AJAX_PREFIX: &str = "/ajax-api/";
 
 /// The rule of a route, by its method and registered pattern (axum's `MatchedPath`).
 pub fn rule(method: &Method, pattern: &str) -> Option<Rule> {
@@ -208,6 +339,7 @@ pub fn rule(method: &Method, pattern: &str) -> Option<Rule> {
     } else {
         method
     };
+    let pattern = &canonical(pattern);
     RULES
         .iter()
         .find(|(m, p, _)| m == method && *p == pattern)
@@ -217,7 +349,16 @@ pub fn rule(method: &Method, pattern: &str) -> Option<Rule> {
 /// Whether some method of this route pattern has a rule. A method without one is answered 405
 /// by the access check, so this table is also the list of methods each route serves.
 pub fn has_route(pattern: &str) -> bool {
+    let pattern = canonical(pattern);
     RULES.iter().any(|(_, p, _)| *p == pattern)
+}
+
+/// A pattern under `/ajax-api/` has the rule of the same pattern under `/api/`.
+fn canonical(pattern: &str) -> std::borrow::Cow<'_, str> {
+    match pattern.strip_prefix(AJAX_PREFIX) {
+        Some(rest) => format!("/api/{rest}").into(),
+        None => pattern.into(),
+    }
 }
 
 /// Every `(method, pattern)` with a rule, for the role-matrix test.
@@ -229,6 +370,20 @@ pub fn routes() -> impl Iterator<Item = (&'static Method, &'static str, Rule)> {
 /// token when it rides on a session cookie).
 pub fn is_write(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// Routes the MLflow client POSTs to that only read (its searches): a read-scoped token may
+/// call them.
+const READING_POSTS: &[&str] = &[
+    "/api/2.0/mlflow/experiments/search",
+    "/api/2.0/mlflow/runs/search",
+    "/api/2.0/mlflow/logged-models/search",
+];
+
+/// Whether a request to this route changes something: [`is_write`], but for the searches the
+/// MLflow protocol sends as POST.
+pub fn changes(method: &Method, pattern: &str) -> bool {
+    is_write(method) && !(*method == Method::POST && READING_POSTS.contains(&&*canonical(pattern)))
 }
 
 #[cfg(test)]

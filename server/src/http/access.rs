@@ -30,32 +30,36 @@ pub async fn check(
     else {
         return next.run(request).await;
     };
-    let page = is_page(&pattern);
+    let room = Room::of(&pattern);
     let principal = match principal::resolve(&state, &method, request.headers()).await {
         Ok(p) => p,
         Err(ResolveError::BadCredential) => {
-            return refuse(&state, page, &request, Denied::SignIn);
+            return refuse(&state, room, &request, Denied::SignIn);
         }
-        Err(ResolveError::Store(e)) => return refuse(&state, page, &request, Denied::Store(e)),
+        Err(ResolveError::Store(e)) => return refuse(&state, room, &request, Denied::Store(e)),
     };
     let Some(rule) = policy::rule(&method, &pattern) else {
         if policy::has_route(&pattern) {
             // The route exists, but not with this method: the table lists every method served.
-            return ApiError::MethodNotAllowed(method.to_string()).into_response();
+            let e = ApiError::MethodNotAllowed(method.to_string());
+            if room == Room::Mlflow {
+                return crate::http::mlflow::MlflowError::from(e).into_response();
+            }
+            return e.into_response();
         }
         // A server bug, refused for everyone (the local user too) so that the first test of a
         // new route without a row in `access::policy` fails instead of the route being open.
         let bug = format!("route {method} {pattern} has no access rule");
-        return refuse(&state, page, &request, Denied::Bug(bug));
+        return refuse(&state, room, &request, Denied::Bug(bug));
     };
     let id = params.ok().and_then(|p| {
         p.iter()
             .find(|(k, _)| *k == "id")
             .map(|(_, v)| v.to_owned())
     });
-    let write = policy::is_write(&method);
+    let write = policy::changes(&method, &pattern);
     if let Err(denied) = decide(&state, &principal, rule, write, id.as_deref()).await {
-        return refuse(&state, page, &request, denied);
+        return refuse(&state, room, &request, denied);
     }
     let request = if write && rule != policy::Rule::Public {
         match csrf_checked(&state, &principal, request).await {
@@ -65,7 +69,7 @@ pub async fn check(
     } else {
         request
     };
-    with_principal(&state, page, principal, request, next).await
+    with_principal(&state, room == Room::Page, principal, request, next).await
 }
 
 async fn with_principal(
@@ -85,15 +89,31 @@ async fn with_principal(
     next.run(request).await
 }
 
-/// Pages answer with HTML and send anonymous browsers to sign in; the API answers JSON.
-fn is_page(pattern: &str) -> bool {
-    !(pattern.starts_with("/api/") || pattern == "/healthz")
+/// Which part of the server a route belongs to: pages answer with HTML and send anonymous
+/// browsers to sign in; the API answers JSON; the MLflow protocol answers in its own shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    Page,
+    Api,
+    Mlflow,
 }
 
-fn refuse(state: &AppState, page: bool, request: &Request, denied: Denied) -> Response {
+impl Room {
+    fn of(pattern: &str) -> Room {
+        if crate::http::mlflow::is_mlflow_route(pattern) {
+            Room::Mlflow
+        } else if pattern.starts_with("/api/") || pattern == "/healthz" {
+            Room::Api
+        } else {
+            Room::Page
+        }
+    }
+}
+
+fn refuse(state: &AppState, room: Room, request: &Request, denied: Denied) -> Response {
     // Without accounts (a loopback server with only an admin token) there is no sign-in page:
     // the page answers 401 like the API.
-    if page && principal::accounts_on(state) {
+    if room == Room::Page && principal::accounts_on(state) {
         if let Denied::SignIn = denied {
             let here = request
                 .uri()
@@ -104,7 +124,7 @@ fn refuse(state: &AppState, page: bool, request: &Request, denied: Denied) -> Re
             return Redirect::to(&format!("/sign-in?next={next}")).into_response();
         }
     }
-    refuse_plain(page, denied)
+    refuse_plain(room, denied)
 }
 
 fn url_encode(s: &str) -> String {
@@ -132,15 +152,15 @@ async fn csrf_checked(
     let Some(expected) = principal.session_csrf() else {
         return Ok(request);
     };
-    let page = request
+    let room = request
         .extensions()
         .get::<MatchedPath>()
-        .is_some_and(|m| is_page(m.as_str()));
+        .map_or(Room::Api, |m| Room::of(m.as_str()));
     let forged = || {
         let denied = Denied::Forbidden(
             "this form or request is missing its CSRF token; reload the page and try again".into(),
         );
-        Err(Box::new(refuse_plain(page, denied)))
+        Err(Box::new(refuse_plain(room, denied)))
     };
     if let Some(sent) = request.headers().get(CSRF_HEADER) {
         return if principal::constant_time_eq(sent.as_bytes(), expected.as_bytes()) {
@@ -173,8 +193,11 @@ async fn csrf_checked(
     }
 }
 
-fn refuse_plain(page: bool, denied: Denied) -> Response {
-    if page {
+fn refuse_plain(room: Room, denied: Denied) -> Response {
+    if room == Room::Mlflow {
+        return crate::http::mlflow::MlflowError::from(denied).into_response();
+    }
+    if room == Room::Page {
         let e: crate::http::pages::PageError = ApiError::from(denied).into();
         return e.into_response();
     }
@@ -226,8 +249,10 @@ mod tests {
 
     #[test]
     fn api_routes_answer_json_and_pages_html() {
-        assert!(!is_page("/api/v1/runs/{id}"));
-        assert!(!is_page("/healthz"));
-        assert!(is_page("/runs/{id}"));
+        assert_eq!(Room::of("/api/v1/runs/{id}"), Room::Api);
+        assert_eq!(Room::of("/healthz"), Room::Api);
+        assert_eq!(Room::of("/runs/{id}"), Room::Page);
+        assert_eq!(Room::of("/api/2.0/mlflow/runs/get"), Room::Mlflow);
+        assert_eq!(Room::of("/ajax-api/2.0/mlflow/runs/get"), Room::Mlflow);
     }
 }

@@ -8,6 +8,7 @@ pub mod api;
 pub mod error;
 pub mod extract;
 pub mod guard;
+pub mod mlflow;
 pub mod pages;
 pub mod palette;
 pub mod serve;

@@ -190,6 +190,8 @@ pub struct Sharing {
 pub struct RunAccess {
     pub experiment_id: String,
     pub status: RunStatus,
+    /// Whether the run is (soft-)deleted.
+    pub deleted: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]

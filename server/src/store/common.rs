@@ -46,13 +46,13 @@ pub fn not_found_run(id: &str) -> StoreError {
 }
 
 /// The columns of `runs` every run read selects, in this order.
-/// The last one is the name of the user who created the run.
+/// The 13th is the name of the user who created the run.
 pub const RUN_COLUMNS: &str = "r.id, r.experiment_id, r.name, r.status, r.created_at, \
      r.started_at, r.ended_at, r.config, r.notes, r.exit_code, r.exit_signal, r.exit_message, \
-     (SELECT u.name FROM users u WHERE u.id = r.created_by)";
+     (SELECT u.name FROM users u WHERE u.id = r.created_by), r.deleted_at";
 
 /// How many columns `RUN_COLUMNS` has (a search's sort columns come after them).
-pub const RUN_COLUMN_COUNT: usize = 13;
+pub const RUN_COLUMN_COUNT: usize = 14;
 
 /// A `runs` row before tags, params and metrics are attached.
 #[derive(Debug, Clone)]
@@ -70,6 +70,7 @@ pub struct RunRow {
     pub exit_signal: Option<i32>,
     pub exit_message: Option<String>,
     pub created_by: Option<String>,
+    pub deleted_at: Option<i64>,
 }
 
 impl RunRow {
@@ -89,6 +90,7 @@ impl RunRow {
             exit_signal: row.get(10)?,
             exit_message: row.get(11)?,
             created_by: row.get(12)?,
+            deleted_at: row.get(13)?,
         })
     }
 }
@@ -139,6 +141,7 @@ pub fn assemble_runs(rows: Vec<RunRow>, details: Details) -> StoreResult<Vec<Run
             exit,
             latest_metrics: BTreeMap::new(),
             created_by: row.created_by,
+            deleted_at: row.deleted_at,
         });
     }
     for (id, k, v) in details.tags {

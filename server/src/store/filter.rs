@@ -238,6 +238,43 @@ impl Filter {
         Ok(Filter { expr })
     }
 
+    /// A filter built from an expression (another grammar's translation), checked against the
+    /// same limits as a parsed one.
+    pub fn from_expr(expr: Expr) -> Result<Filter, FilterError> {
+        fn walk(e: &Expr, conditions: &mut usize) -> Result<(), FilterError> {
+            match e {
+                Expr::And(a, b) | Expr::Or(a, b) => {
+                    walk(a, conditions)?;
+                    walk(b, conditions)
+                }
+                Expr::Not(inner) => walk(inner, conditions),
+                Expr::Cond(c) => {
+                    *conditions += 1;
+                    match &c.predicate {
+                        Predicate::In { values, .. } if values.len() > MAX_IN_VALUES => {
+                            Err(FilterError::new(
+                                0,
+                                format!("an IN list holds at most {MAX_IN_VALUES} values"),
+                            ))
+                        }
+                        _ => Ok(()),
+                    }
+                }
+            }
+        }
+        let mut conditions = 0;
+        walk(&expr, &mut conditions)?;
+        if conditions > MAX_CONDITIONS {
+            return Err(FilterError::new(
+                0,
+                format!(
+                    "the filter has {conditions} conditions; at most {MAX_CONDITIONS} are allowed"
+                ),
+            ));
+        }
+        Ok(Filter { expr })
+    }
+
     /// The parsed expression.
     pub fn expr(&self) -> &Expr {
         &self.expr

@@ -23,11 +23,17 @@ pub const MAX_STEP: i64 = 1 << 53;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Experiment {
-    /// String id (MLflow-compatible).
+    /// A number as a string: `"0"` is the Default experiment, then 1, 2, ... (as MLflow's).
     pub id: String,
     pub name: String,
     /// Unix milliseconds.
     pub created_at: i64,
+    /// The last time its name, tags or deletion changed (its creation until then).
+    pub updated_at: i64,
+    /// Set while the experiment is deleted (MLflow's soft deletion; it can be restored).
+    pub deleted_at: Option<i64>,
+    /// Free-form key/value pairs (MLflow's experiment tags).
+    pub tags: BTreeMap<String, String>,
 }
 
 /// How a run's process ended (filled by the launcher or a reporting client).
@@ -70,6 +76,9 @@ pub struct Run {
     /// The name of the user who created the run (none on a server without accounts, and for
     /// runs created with the admin token).
     pub created_by: Option<String>,
+    /// Set while the run is deleted (soft deletion through the MLflow API; it can be restored).
+    /// Searches leave deleted runs out unless asked for them.
+    pub deleted_at: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -233,6 +242,38 @@ pub struct RunQuery {
     pub cursor: Option<String>,
     /// Only runs of these experiments (the ones the caller may read); `None`: every run.
     pub visible_experiments: Option<Vec<String>>,
+    /// Active runs (the default), deleted ones, or both.
+    pub lifecycle: Lifecycle,
+}
+
+/// Which runs or experiments a listing covers, by their soft deletion (MLflow's view type).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Lifecycle {
+    #[default]
+    Active,
+    Deleted,
+    All,
+}
+
+impl Lifecycle {
+    /// The SQL condition on a table's `deleted_at` column (`alias.deleted_at`).
+    pub fn condition(self, alias: &str) -> String {
+        match self {
+            Lifecycle::Active => format!("{alias}.deleted_at IS NULL"),
+            Lifecycle::Deleted => format!("{alias}.deleted_at IS NOT NULL"),
+            Lifecycle::All => "1 = 1".to_string(),
+        }
+    }
+}
+
+/// A dataset a run used, as an MLflow client logged it (`log-inputs`): stored once per run,
+/// name and digest, and given back as sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunInput {
+    pub name: String,
+    pub digest: String,
+    /// The input's JSON as the client sent it.
+    pub body: serde_json::Value,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -332,7 +373,14 @@ pub trait Store: accounts::Accounts + Send + Sync + 'static {
     async fn get_experiment(&self, id_or_name: &str) -> StoreResult<Experiment>;
     /// Id or name; a name that does not exist is created (concurrency-safe).
     async fn resolve_experiment(&self, id_or_name: &str) -> StoreResult<Experiment>;
-    async fn list_experiments(&self) -> StoreResult<Vec<Experiment>>;
+    /// Oldest first.
+    async fn list_experiments(&self, lifecycle: Lifecycle) -> StoreResult<Vec<Experiment>>;
+    /// Soft-deletes (`deleted: true`) or restores an experiment; the Default experiment cannot
+    /// be deleted.
+    async fn set_experiment_deleted(&self, id: &str, deleted: bool) -> StoreResult<()>;
+    async fn set_experiment_tag(&self, id: &str, key: &str, value: &str) -> StoreResult<()>;
+    /// `NotFound` when the experiment has no such tag.
+    async fn delete_experiment_tag(&self, id: &str, key: &str) -> StoreResult<()>;
 
     async fn create_run(&self, new: NewRun) -> StoreResult<Run>;
     async fn get_run(&self, id: &str) -> StoreResult<Run>;
@@ -350,6 +398,17 @@ pub trait Store: accounts::Accounts + Send + Sync + 'static {
     /// launcher records how a process ended after the trainer reported its own status.
     async fn set_exit(&self, id: &str, exit: Option<ExitInfo>) -> StoreResult<()>;
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage>;
+    /// Soft-deletes (`deleted: true`) or restores a run.
+    async fn set_run_deleted(&self, id: &str, deleted: bool) -> StoreResult<()>;
+    /// Adds params one by one (besides those a config brings). Write-once: a key the run has
+    /// with the same value is fine, with another value a `Conflict` naming it (nothing of the
+    /// call is stored then).
+    async fn log_params(&self, id: &str, params: &[(String, String)]) -> StoreResult<()>;
+    /// `NotFound` when the run has no such tag.
+    async fn delete_tag(&self, id: &str, key: &str) -> StoreResult<()>;
+    /// Records datasets a run used; one already recorded (same name and digest) is kept.
+    async fn log_inputs(&self, id: &str, inputs: &[RunInput]) -> StoreResult<()>;
+    async fn run_inputs(&self, id: &str) -> StoreResult<Vec<RunInput>>;
     /// Whether some run (of the experiment, when given) has this param, or a point of this
     /// metric.
     async fn has_key(
@@ -392,6 +451,15 @@ pub trait Store: accounts::Accounts + Send + Sync + 'static {
         end_step: Option<i64>,
         max_points: usize,
     ) -> StoreResult<Series>;
+    /// Every point of one key with `step > after_step`, in step order, at most `limit` (a
+    /// metric's full history, page by page).
+    async fn metric_history(
+        &self,
+        run_id: &str,
+        key: &str,
+        after_step: Option<i64>,
+        limit: usize,
+    ) -> StoreResult<Vec<SeriesPoint>>;
     /// Points of the run with `seq > after_seq` (or `step > after_step`), in seq order, at
     /// most `limit`; for SSE catch-up.
     async fn points_since(

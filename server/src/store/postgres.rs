@@ -44,21 +44,24 @@ impl Pools {
 /// decoding it costs a fraction of one row per point on both ends of the connection (with the
 /// single raw read beside it, Postgres read-back went from about 1.2 to 2.7 million points/s:
 /// docs/benchmarks.md, store-perf steps 1 and 2). SQLite reads rows (`sql_store/metrics.rs`).
+/// The points of a series with steps in `from..=to`, in step order, at most `limit`.
 pub async fn raw_points(
     conn: &mut PgConnection,
     series_id: i64,
     from: i64,
     to: i64,
+    limit: i64,
 ) -> StoreResult<Vec<SeriesPoint>> {
     type Arrays = (Option<Vec<i64>>, Option<Vec<f64>>, Option<Vec<i64>>);
     let (steps, values, times): Arrays = sqlx::query_as(
         "SELECT array_agg(step), array_agg(value), array_agg(time) FROM \
          (SELECT step, value, time FROM metric_points \
-          WHERE series_id = $1 AND step >= $2 AND step <= $3 ORDER BY step) AS p",
+          WHERE series_id = $1 AND step >= $2 AND step <= $3 ORDER BY step LIMIT $4) AS p",
     )
     .bind(series_id)
     .bind(from)
     .bind(to)
+    .bind(limit)
     .fetch_one(conn)
     .await?;
     let mut points: Vec<SeriesPoint> = steps

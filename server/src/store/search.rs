@@ -142,7 +142,8 @@ pub fn build_search(q: &RunQuery, dialect: Dialect, out: &mut Sql) -> StoreResul
             out.arg(key.clone());
         }
     }
-    out.push(" WHERE 1 = 1");
+    out.push(" WHERE ");
+    out.push(&q.lifecycle.condition("r"));
     if let Some(exp) = &q.experiment_id {
         out.push(" AND r.experiment_id = ");
         out.arg(exp.clone());

@@ -7,15 +7,18 @@ use async_trait::async_trait;
 
 use super::sql::{self, Conn, Dialect, Sql, Tx, WriteHealth};
 use super::{
-    postgres, sqlite, Appended, ExitInfo, Experiment, KeyKind, MetricExtremes, MetricKey,
-    MetricPoint, NewRun, Run, RunEvent, RunPage, RunQuery, RunStatus, RunUpdate, Series, Store,
-    StoreError, StoreResult, StoredPoint,
+    postgres, sqlite, Appended, ExitInfo, Experiment, KeyKind, Lifecycle, MetricExtremes,
+    MetricKey, MetricPoint, NewRun, Run, RunEvent, RunInput, RunPage, RunQuery, RunStatus,
+    RunUpdate, Series, SeriesPoint, Store, StoreError, StoreResult, StoredPoint,
 };
+use crate::store::accounts::Level;
 
 mod accounts;
+mod experiments;
 mod grants;
 mod keys;
 mod metrics;
+mod run_data;
 mod runs;
 
 pub(super) use metrics::{series_for, stored_values};
@@ -130,7 +133,8 @@ impl Store for SqlStore {
     }
 
     async fn create_experiment(&self, name: &str) -> StoreResult<Experiment> {
-        self.insert_experiment(name).await
+        self.insert_experiment_row("name", name, None, Level::None, false)
+            .await
     }
 
     async fn get_experiment(&self, id_or_name: &str) -> StoreResult<Experiment> {
@@ -141,8 +145,20 @@ impl Store for SqlStore {
         self.find_or_create_experiment(id_or_name).await
     }
 
-    async fn list_experiments(&self) -> StoreResult<Vec<Experiment>> {
-        self.all_experiments().await
+    async fn list_experiments(&self, lifecycle: Lifecycle) -> StoreResult<Vec<Experiment>> {
+        self.experiments_in(lifecycle).await
+    }
+
+    async fn set_experiment_deleted(&self, id: &str, deleted: bool) -> StoreResult<()> {
+        self.mark_experiment_deleted(id, deleted).await
+    }
+
+    async fn set_experiment_tag(&self, id: &str, key: &str, value: &str) -> StoreResult<()> {
+        self.upsert_experiment_tag(id, key, value).await
+    }
+
+    async fn delete_experiment_tag(&self, id: &str, key: &str) -> StoreResult<()> {
+        self.remove_experiment_tag(id, key).await
     }
 
     async fn create_run(&self, new: NewRun) -> StoreResult<Run> {
@@ -173,6 +189,26 @@ impl Store for SqlStore {
 
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage> {
         self.search(query).await
+    }
+
+    async fn set_run_deleted(&self, id: &str, deleted: bool) -> StoreResult<()> {
+        self.mark_run_deleted(id, deleted).await
+    }
+
+    async fn log_params(&self, id: &str, params: &[(String, String)]) -> StoreResult<()> {
+        self.add_params(id, params).await
+    }
+
+    async fn delete_tag(&self, id: &str, key: &str) -> StoreResult<()> {
+        self.remove_tag(id, key).await
+    }
+
+    async fn log_inputs(&self, id: &str, inputs: &[RunInput]) -> StoreResult<()> {
+        self.add_inputs(id, inputs).await
+    }
+
+    async fn run_inputs(&self, id: &str) -> StoreResult<Vec<RunInput>> {
+        self.inputs_of(id).await
     }
 
     async fn has_key(
@@ -227,6 +263,16 @@ impl Store for SqlStore {
     ) -> StoreResult<Series> {
         self.series_of(run_id, key, start_step, end_step, max_points)
             .await
+    }
+
+    async fn metric_history(
+        &self,
+        run_id: &str,
+        key: &str,
+        after_step: Option<i64>,
+        limit: usize,
+    ) -> StoreResult<Vec<SeriesPoint>> {
+        self.history_of(run_id, key, after_step, limit).await
     }
 
     async fn points_since(

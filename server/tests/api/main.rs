@@ -21,6 +21,7 @@ mod launch_paths;
 mod limits;
 mod liveness;
 mod metrics;
+mod mlflow;
 mod openapi;
 mod runs;
 mod search_keys;

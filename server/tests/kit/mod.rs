@@ -125,3 +125,24 @@ pub fn client() -> reqwest::Client {
         .build()
         .expect("client")
 }
+
+/// The Python that has the official `mlflow` client: `TRAINYARD_MLFLOW_PYTHON`, else the
+/// virtual environment `scripts/mlflow-venv.sh` makes in `target/` (`scripts/test.sh` runs it).
+pub fn mlflow_python() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("TRAINYARD_MLFLOW_PYTHON") {
+        return std::path::PathBuf::from(p);
+    }
+    let python = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/mlflow-venv/bin/python");
+    assert!(
+        python.exists(),
+        "the MLflow client is not installed: run scripts/mlflow-venv.sh (scripts/test.sh does), \
+         or point TRAINYARD_MLFLOW_PYTHON at a Python that has `mlflow`"
+    );
+    python
+}
+
+/// The scenario the MLflow client runs (`--live` mode for the browser test).
+pub fn mlflow_scenario() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mlflow/scenario.py")
+}

@@ -8,7 +8,10 @@ pub async fn the_default_experiment_exists_with_id_zero(store: DynStore) {
         .await
         .expect("by name");
     assert_eq!(by_name.id, "0");
-    let all = store.list_experiments().await.expect("list");
+    let all = store
+        .list_experiments(trainyard::store::Lifecycle::Active)
+        .await
+        .expect("list");
     assert_eq!(all.len(), 1);
 }
 
@@ -19,7 +22,14 @@ pub async fn creating_an_experiment_with_a_taken_name_is_a_conflict(store: DynSt
         Err(StoreError::Conflict { field, .. }) => assert_eq!(field, Some("name")),
         other => panic!("expected a conflict, got {other:?}"),
     }
-    assert_eq!(store.list_experiments().await.expect("list").len(), 2);
+    assert_eq!(
+        store
+            .list_experiments(trainyard::store::Lifecycle::Active)
+            .await
+            .expect("list")
+            .len(),
+        2
+    );
 }
 
 pub async fn an_experiment_is_found_by_id_or_by_name(store: DynStore) {
@@ -46,7 +56,14 @@ pub async fn resolving_an_unknown_name_creates_one_experiment_even_when_racing(s
     }
     ids.dedup();
     assert_eq!(ids.len(), 1, "every racer got the same experiment");
-    assert_eq!(store.list_experiments().await.expect("list").len(), 2);
+    assert_eq!(
+        store
+            .list_experiments(trainyard::store::Lifecycle::Active)
+            .await
+            .expect("list")
+            .len(),
+        2
+    );
     let again = store.resolve_experiment(&ids[0]).await.expect("by id");
     assert_eq!(again.name, "sweep-1");
     assert_eq!(

@@ -16,6 +16,7 @@ mod downsampling;
 mod experiments;
 mod full_disk;
 mod metrics;
+mod migration;
 mod outage;
 mod runs;
 mod search;

@@ -16,6 +16,7 @@ fn query(sort: SortKey, dir: SortDir, limit: usize) -> RunQuery {
         limit,
         cursor: None,
         visible_experiments: None,
+        lifecycle: Default::default(),
     }
 }
 

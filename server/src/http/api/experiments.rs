@@ -75,7 +75,10 @@ pub async fn list_experiments(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
 ) -> Result<Json<ExperimentList>, ApiError> {
-    let mut experiments = state.store.list_experiments().await?;
+    let mut experiments = state
+        .store
+        .list_experiments(crate::store::Lifecycle::Active)
+        .await?;
     if let Some(readable) = principal.readable_experiments(&state).await? {
         experiments.retain(|e| readable.contains(&e.id));
     }

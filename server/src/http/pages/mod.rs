@@ -117,6 +117,7 @@ pub fn router() -> Router<AppState> {
         .route("/runs/{id}/resume", post(run::resume_run))
         .route("/runs/{id}/delete", post(run::delete_run))
         .route("/runs/{id}/panels", get(checkpoints::panels))
+        .route("/runs/{id}/artifacts/{*path}", get(run::artifact))
         .route(
             "/runs/{id}/checkpoints/{name}/sample",
             get(checkpoints::sample_form).post(checkpoints::sample),

@@ -88,6 +88,14 @@ pub(super) async fn run_page(
         history,
         params: run.params.clone().into_iter().collect(),
         config_yaml,
+        artifacts: crate::http::mlflow::list_files(&state, &run.id)
+            .await
+            .into_iter()
+            .map(|(path, size)| {
+                let href = format!("/runs/{}/artifacts/{}", run.id, enc_path(&path));
+                (path, href, fmt_bytes(size))
+            })
+            .collect(),
         log_placeholder: "Log output appears here while the run is live.".to_string(),
         after_step: run
             .latest_metrics
@@ -267,4 +275,20 @@ pub(super) async fn relaunch_run(
     };
     let new = actions::launch_run(&state, &actor, request).await?;
     Ok(Redirect::to(&format!("/runs/{}", new.id)).into_response())
+}
+
+/// One of the run's artifact files, as a download.
+#[tracing::instrument(skip(state))]
+pub(super) async fn artifact(
+    State(state): State<AppState>,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<axum::response::Response, super::PageError> {
+    check_run_id(&id)?;
+    state.store.get_run(&id).await?;
+    let not_found = || super::PageError::NotFound(format!("artifact `{path}` not found"));
+    let rel = crate::http::mlflow::relative_path("path", &path).map_err(|_| not_found())?;
+    let root = crate::http::mlflow::artifact_root(&state, &id);
+    crate::http::mlflow::serve_file(&root, &rel)
+        .await
+        .map_err(|_| not_found())
 }

@@ -46,7 +46,10 @@ pub async fn runs_table(state: &AppState, principal: &Principal, p: RunsParams) 
     // Only what the caller may read: experiments in the picker, runs in the table (filtered
     // in the query, before pagination).
     let visible = principal.readable_experiments(state).await?;
-    let mut experiments = state.store.list_experiments().await?;
+    let mut experiments = state
+        .store
+        .list_experiments(crate::store::Lifecycle::Active)
+        .await?;
     if let Some(visible) = &visible {
         experiments.retain(|e| visible.contains(&e.id));
     }

@@ -198,6 +198,8 @@ pub struct RunPage {
     pub history: Vec<HistoryRow>,
     pub params: Vec<(String, String)>,
     pub config_yaml: Option<String>,
+    /// Files logged to the run (MLflow's `log_artifact`): (path, its link, size).
+    pub artifacts: Vec<(String, String, String)>,
     pub log_placeholder: String,
     /// Highest step already stored: the live stream starts after it (empty: from the start).
     pub after_step: String,

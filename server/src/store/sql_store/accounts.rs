@@ -408,16 +408,7 @@ impl Accounts for SqlStore {
     }
 
     async fn rename_experiment(&self, id: &str, name: &str) -> StoreResult<()> {
-        let name = common::valid_name("name", name)?;
-        let q = Sql::new("UPDATE experiments SET name = $1 WHERE id = $2")
-            .bind(name)
-            .bind(id);
-        let mut tx = self.begin_write().await?;
-        let result = tx
-            .execute(q)
-            .await
-            .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")));
-        tx.finish(result).await.map(drop)
+        self.rename_experiment_row(id, name).await
     }
 
     async fn experiment_sharing(&self, id: &str) -> StoreResult<Sharing> {
@@ -497,7 +488,8 @@ impl Accounts for SqlStore {
     }
 
     async fn run_access(&self, run_id: &str) -> StoreResult<RunAccess> {
-        let q = Sql::new("SELECT experiment_id, status FROM runs WHERE id = $1").bind(run_id);
+        let q = Sql::new("SELECT experiment_id, status, deleted_at FROM runs WHERE id = $1")
+            .bind(run_id);
         let row = self
             .reader()
             .await?
@@ -508,6 +500,7 @@ impl Accounts for SqlStore {
         Ok(RunAccess {
             experiment_id: row.get(0)?,
             status: parse_status(&status)?,
+            deleted: row.get::<Option<i64>>(2)?.is_some(),
         })
     }
 

@@ -4,9 +4,8 @@
 use super::accounts::{corrupt, level};
 use super::SqlStore;
 use crate::store::accounts::{AuditEntry, AuditQuery, Grant, Level, Subject};
-use crate::store::common;
 use crate::store::sql::Sql;
-use crate::store::{now_ms, Experiment, StoreResult};
+use crate::store::{Experiment, StoreResult};
 
 impl SqlStore {
     /// (experiment id, level) pairs that give the user access, from every source; the caller
@@ -59,28 +58,9 @@ impl SqlStore {
         } else {
             "name"
         };
-        let name = common::valid_name(field, name)?;
-        let conflict = if on_conflict_nothing {
-            " ON CONFLICT (name) DO NOTHING"
-        } else {
-            ""
-        };
-        let q = Sql::new(format!(
-            "INSERT INTO experiments (id, name, created_at, owner_id, default_level) \
-             VALUES ($1, $2, $3, $4, $5){conflict}"
-        ))
-        .bind(common::new_id())
-        .bind(name)
-        .bind(now_ms())
-        .bind(owner_id)
-        .bind(default_level.as_str());
-        let mut tx = self.begin_write().await?;
-        let result = tx
-            .execute(q)
+        self.insert_experiment_row(field, name, owner_id, default_level, on_conflict_nothing)
             .await
-            .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")));
-        tx.finish(result).await?;
-        Ok(Some(self.find_experiment(name).await?))
+            .map(Some)
     }
 
     pub(super) async fn grants_of(&self, experiment_id: &str) -> StoreResult<Vec<Grant>> {

@@ -7,23 +7,14 @@ use crate::store::common::{self, Details, RunRow, RUN_COLUMNS};
 use crate::store::search::{self, SortValues};
 use crate::store::sql::{Conn, Row, Sql};
 use crate::store::{
-    flatten_params, now_ms, ExitInfo, Experiment, NewRun, Run, RunEvent, RunPage, RunQuery,
-    RunStatus, RunUpdate, StoreError, StoreResult,
+    flatten_params, now_ms, ExitInfo, NewRun, Run, RunEvent, RunPage, RunQuery, RunStatus,
+    RunUpdate, StoreError, StoreResult,
 };
 
 /// Rows per multi-row INSERT (4 parameters each, well under either database's limit).
 const CHUNK: usize = 500;
 
-const EXPERIMENT_COLUMNS: &str = "id, name, created_at";
 const EVENT_COLUMNS: &str = "seq, run_id, time, from_status, to_status, reason";
-
-fn experiment(row: &Row) -> Result<Experiment, sqlx::Error> {
-    Ok(Experiment {
-        id: row.get(0)?,
-        name: row.get(1)?,
-        created_at: row.get(2)?,
-    })
-}
 
 fn event(row: &Row) -> StoreResult<RunEvent> {
     let from: Option<String> = row.get(3)?;
@@ -45,24 +36,7 @@ fn run_rows(rows: &[Row]) -> Result<Vec<RunRow>, sqlx::Error> {
 /// Appends a flattened config as write-once params.
 async fn insert_params(tx: &mut Conn, run_id: &str, config: &serde_json::Value) -> StoreResult<()> {
     let params: Vec<_> = flatten_params(config).into_iter().collect();
-    for chunk in params.chunks(CHUNK) {
-        let mut insert = Sql::new("INSERT INTO run_params (run_id, key, value, num) VALUES ");
-        for (i, (k, v)) in chunk.iter().enumerate() {
-            if i > 0 {
-                insert.push(", ");
-            }
-            insert
-                .push("(")
-                .arg(run_id)
-                .push(", ")
-                .arg(k)
-                .push(", ")
-                .arg(v);
-            insert.push(", ").arg(common::param_num(v)).push(")");
-        }
-        tx.execute(insert).await?;
-    }
-    Ok(())
+    super::run_data::insert_param_rows(tx, run_id, &params).await
 }
 
 /// Sets tags, replacing the values of keys the run already has.
@@ -158,75 +132,6 @@ impl SqlStore {
             .ok_or_else(|| common::not_found_run(id))
     }
 
-    async fn experiment_by(&self, column: &str, value: &str) -> StoreResult<Option<Experiment>> {
-        let select = Sql::new(format!(
-            "SELECT {EXPERIMENT_COLUMNS} FROM experiments WHERE {column} = $1"
-        ));
-        let row = self
-            .reader()
-            .await?
-            .fetch_optional(select.bind(value))
-            .await?;
-        Ok(row.as_ref().map(experiment).transpose()?)
-    }
-
-    pub(super) async fn insert_experiment(&self, name: &str) -> StoreResult<Experiment> {
-        let name = common::valid_name("name", name)?;
-        let mut tx = self.begin_write().await?;
-        let insert = Sql::new(format!(
-            "INSERT INTO experiments (id, name, created_at) VALUES ($1, $2, $3) \
-             RETURNING {EXPERIMENT_COLUMNS}"
-        ));
-        let result = tx
-            .fetch_one(insert.bind(common::new_id()).bind(name).bind(now_ms()))
-            .await
-            .map_err(|e| common::map_constraint(e, "name", &format!("experiment `{name}`")))
-            .and_then(|row| Ok(experiment(&row)?));
-        tx.finish(result).await
-    }
-
-    pub(super) async fn find_experiment(&self, id_or_name: &str) -> StoreResult<Experiment> {
-        if let Some(e) = self.experiment_by("id", id_or_name).await? {
-            return Ok(e);
-        }
-        self.experiment_by("name", id_or_name)
-            .await?
-            .ok_or_else(|| StoreError::NotFound {
-                entity: "experiment",
-                id: id_or_name.to_string(),
-            })
-    }
-
-    pub(super) async fn find_or_create_experiment(
-        &self,
-        id_or_name: &str,
-    ) -> StoreResult<Experiment> {
-        match self.find_experiment(id_or_name).await {
-            Err(StoreError::NotFound { .. }) => {}
-            other => return other,
-        }
-        let name = common::valid_name("experiment", id_or_name)?;
-        let mut tx = self.begin_write().await?;
-        let insert = Sql::new(
-            "INSERT INTO experiments (id, name, created_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (name) DO NOTHING",
-        );
-        let result = tx
-            .execute(insert.bind(common::new_id()).bind(name).bind(now_ms()))
-            .await
-            .map_err(StoreError::from);
-        tx.finish(result).await?;
-        self.find_experiment(name).await
-    }
-
-    pub(super) async fn all_experiments(&self) -> StoreResult<Vec<Experiment>> {
-        let select = Sql::new(format!(
-            "SELECT {EXPERIMENT_COLUMNS} FROM experiments ORDER BY created_at, id"
-        ));
-        let rows = self.reader().await?.fetch_all(select).await?;
-        Ok(rows.iter().map(experiment).collect::<Result<_, _>>()?)
-    }
-
     pub(super) async fn insert_run(&self, new: NewRun) -> StoreResult<Run> {
         let id = common::new_id();
         let name = match &new.name {
@@ -238,15 +143,17 @@ impl SqlStore {
         let now = now_ms();
         let mut tx = self.begin_write().await?;
         let result = async {
-            let exists = Sql::new("SELECT 1 FROM experiments WHERE id = $1");
-            if tx
-                .fetch_optional(exists.bind(&new.experiment_id))
-                .await?
-                .is_none()
-            {
+            let exists = Sql::new("SELECT deleted_at FROM experiments WHERE id = $1");
+            let Some(row) = tx.fetch_optional(exists.bind(&new.experiment_id)).await? else {
                 return Err(StoreError::NotFound {
                     entity: "experiment",
                     id: new.experiment_id.clone(),
+                });
+            };
+            if row.get::<Option<i64>>(0)?.is_some() {
+                return Err(StoreError::Invalid {
+                    field: "experiment_id",
+                    message: "the experiment is deleted: restore it before adding runs".into(),
                 });
             }
             let insert = Sql::new(

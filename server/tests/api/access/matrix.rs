@@ -173,8 +173,33 @@ async fn world(app: &TestApp) -> World {
     }
 }
 
+/// Whether the route speaks the MLflow protocol (its target is named in the query or body).
+fn is_mlflow(pattern: &str) -> bool {
+    pattern.contains("/mlflow")
+}
+
+/// An MLflow route's path in this world: its target in the query string (GETs) or the
+/// artifact path (`<experiment>/<run>/artifacts/...`).
+fn concrete_mlflow(pattern: &str, w: &World) -> String {
+    let (exp, run) = (&w.experiment, &w.run);
+    let path = pattern.replace("{*path}", &format!("{exp}/{run}/artifacts/matrix.txt"));
+    if pattern.ends_with("/mlflow-artifacts/artifacts") {
+        return format!("{path}?path={exp}/{run}/artifacts");
+    }
+    if pattern.ends_with("get-by-name") {
+        return format!("{path}?experiment_name=shared");
+    }
+    format!(
+        "{path}?run_id={run}&experiment_id={exp}&metric_key=train/loss&run_ids={run}\
+         &experiment_ids={exp}"
+    )
+}
+
 /// The concrete path for a route pattern in this world.
 fn concrete(pattern: &str, w: &World) -> String {
+    if is_mlflow(pattern) {
+        return concrete_mlflow(pattern, w);
+    }
     let id = if pattern.contains("/experiments/{id}") {
         w.experiment.as_str()
     } else if pattern.contains("/teams/{id}") {
@@ -218,6 +243,10 @@ fn expected(rule: Rule, role: Role, write: bool, run_named: bool) -> Outcome {
     if role == Role::ReadToken && write {
         return Outcome::Forbidden;
     }
+    let rule = match rule {
+        Rule::InRequest(target) => target.rule(),
+        other => other,
+    };
     if role == Role::RunToken {
         return if rule == Rule::Report {
             Outcome::Allowed
@@ -227,6 +256,7 @@ fn expected(rule: Rule, role: Role, write: bool, run_named: bool) -> Outcome {
     }
     let needed = match rule {
         Rule::Public => return Outcome::Allowed,
+        Rule::InRequest(_) => unreachable!("replaced by its target's rule above"),
         Rule::SignedIn if run_named => Level::Read,
         Rule::SignedIn => return Outcome::Allowed,
         Rule::Admin if role == Role::Admin => return Outcome::Allowed,
@@ -245,9 +275,24 @@ fn expected(rule: Rule, role: Role, write: bool, run_named: bool) -> Outcome {
 }
 
 /// A request body that gets past the access check and fails (or does nothing) after it.
-fn body_for(method: &Method, pattern: &str, page: bool) -> Option<String> {
+fn body_for(method: &Method, pattern: &str, page: bool, w: &World) -> Option<String> {
     if *method == Method::GET || *method == Method::DELETE {
         return None;
+    }
+    if is_mlflow(pattern) {
+        if *method == Method::PUT {
+            return Some("artifact".into());
+        }
+        // Names the world's run and experiment; `name` makes `experiments/create` a new one
+        // (which every signed-in caller may do).
+        let unique = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        return Some(
+            json!({"run_id": w.run, "experiment_id": w.experiment, "experiment_ids": [w.experiment],
+                   "key": "matrix", "value": "1", "name": format!("matrix-{unique}")})
+            .to_string(),
+        );
     }
     Some(if page {
         match pattern {
@@ -273,7 +318,7 @@ async fn outcome(
     let page = !(pattern.starts_with("/api/") || pattern == "/healthz");
     let path = concrete(pattern, w);
     let mut request = raw_client().request(method.clone(), app.url(&path));
-    if let Some(body) = body_for(method, pattern, page) {
+    if let Some(body) = body_for(method, pattern, page, w) {
         if page {
             let csrf = match auth {
                 Auth::Session { csrf, .. } => csrf.clone(),
@@ -315,7 +360,13 @@ async fn outcome(
     // missing checkpoint of a run the caller may read).
     let message = serde_json::from_str::<Value>(&text)
         .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .and_then(|v| {
+            // The API's error shape, or the MLflow protocol's.
+            v["error"]["message"]
+                .as_str()
+                .or_else(|| v["message"].as_str())
+                .map(str::to_owned)
+        })
         .unwrap_or_else(|| {
             // An HTML error page: its message is the alert box's text.
             text.split("role=\"alert\">")
@@ -375,7 +426,7 @@ async fn every_route_answers_each_role_as_its_rule_says(app: &TestApp) {
         if ends_the_session(method, pattern) {
             continue;
         }
-        let write = policy::is_write(method);
+        let write = policy::changes(method, pattern);
         // Routes that act on runs or an experiment named in the query or body.
         let run_named = matches!(pattern, "/compare" | "/api/v1/charts/{file}");
         let rule = match (method.as_str(), pattern) {

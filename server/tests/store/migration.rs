@@ -1,0 +1,109 @@
+//! The migration to numeric experiment ids: a database made before it (experiments with 32-hex
+//! ids, their runs and grants) comes out with experiments 1, 2, ... in creation order, and
+//! everything that pointed at them points at the new ids.
+
+use std::path::PathBuf;
+
+use sqlx::migrate::Migrator;
+use sqlx::{Connection, Executor};
+
+use crate::kit::ScratchDb;
+
+/// The migrations of a backend that came before `first_excluded`, copied to a folder of their own.
+fn migrations_before(backend: &str, first_excluded: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../migrations/{backend}"));
+    for entry in std::fs::read_dir(&source).expect("migrations") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        if name.as_str() < first_excluded {
+            std::fs::copy(&path, dir.path().join(&name)).expect("copy");
+        }
+    }
+    dir
+}
+
+const OLD_ROWS: &str = "\
+    INSERT INTO experiments (id, name, created_at, owner_id) VALUES \
+      ('ffffffffffffffffffffffffffffffff', 'first', 10, '00000000000000000000000000000001'), \
+      ('00000000000000000000000000000abc', 'second', 20, '00000000000000000000000000000001'); \
+    INSERT INTO runs (id, experiment_id, name, status, created_at) VALUES \
+      ('11111111111111111111111111111111', 'ffffffffffffffffffffffffffffffff', 'a', 'finished', 11), \
+      ('22222222222222222222222222222222', '00000000000000000000000000000abc', 'b', 'finished', 21), \
+      ('33333333333333333333333333333333', '0', 'c', 'finished', 5); \
+    INSERT INTO teams (id, name, created_at) VALUES ('t1', 'nlp', 1); \
+    INSERT INTO experiment_grants (experiment_id, subject_kind, subject_id, level) VALUES \
+      ('00000000000000000000000000000abc', 'team', 't1', 'read');";
+
+async fn check(url: &str) {
+    let store = trainyard::store::connect(url)
+        .await
+        .expect("migrated store");
+    let experiments = store
+        .list_experiments(trainyard::store::Lifecycle::All)
+        .await
+        .expect("experiments");
+    let ids: Vec<(&str, &str)> = experiments
+        .iter()
+        .map(|e| (e.id.as_str(), e.name.as_str()))
+        .collect();
+    assert_eq!(ids, [("0", "Default"), ("1", "first"), ("2", "second")]);
+    for (run, experiment) in [
+        ("11111111111111111111111111111111", "1"),
+        ("22222222222222222222222222222222", "2"),
+        ("33333333333333333333333333333333", "0"),
+    ] {
+        assert_eq!(
+            store.get_run(run).await.expect("run").experiment_id,
+            experiment
+        );
+    }
+    let grants = store.list_grants("2").await.expect("grants");
+    assert_eq!(grants.len(), 1, "the grant follows its experiment");
+    // The next experiment continues the numbering.
+    let next = store.create_experiment("third").await.expect("create");
+    assert_eq!(next.id, "3");
+}
+
+#[tokio::test]
+async fn hex_experiment_ids_become_numbers_on_sqlite() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite:{}?mode=rwc", dir.path().join("old.db").display());
+    let old = migrations_before("sqlite", "20261220000000");
+    {
+        let mut conn = sqlx::SqliteConnection::connect(&url)
+            .await
+            .expect("connect");
+        Migrator::new(old.path())
+            .await
+            .expect("old migrations")
+            .run(&mut conn)
+            .await
+            .expect("old schema");
+        conn.execute(OLD_ROWS).await.expect("old rows");
+        conn.close().await.expect("close");
+    }
+    check(&url).await;
+}
+
+#[tokio::test]
+async fn hex_experiment_ids_become_numbers_on_postgres() {
+    let db = ScratchDb::create("trainyard_migration_test").await;
+    let old = migrations_before("postgres", "20261220000000");
+    {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+        Migrator::new(old.path())
+            .await
+            .expect("old migrations")
+            .run(&mut conn)
+            .await
+            .expect("old schema");
+        conn.execute(OLD_ROWS).await.expect("old rows");
+        conn.close().await.expect("close");
+    }
+    check(&db.url).await;
+}
