@@ -1,0 +1,1 @@
+//! Hyperparameter search for Trainyard sweeps (work in progress).
