@@ -1,0 +1,1 @@
+//! Regression forest for parameter importance (work in progress).
