@@ -105,9 +105,9 @@ fn a_report_that_jumps_past_several_rungs_is_judged_at_each_lowest_first() {
         running(1, &[(10, 2.0)]),
         running(2, &[(10, 3.0)]),
     ];
-    for i in 0..3 {
-        let v = trials[i].intermediate[&10];
-        trials[i].rungs.insert(0, v);
+    for t in &mut trials {
+        let v = t.intermediate[&10];
+        t.rungs.insert(0, v);
     }
     trials[0].rungs.insert(1, 1.0);
     // Trial 3 reports only at step 35: with 0.5 it leads rung 0 (n = 4, keep 1) and then
