@@ -79,3 +79,32 @@ pub enum Verdict {
     Continue,
     Prune { reason: String },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn trials_store_as_json_with_lowercase_states_and_read_back_without_bookkeeping() {
+        let mut t = Trial::new(3, [("lr".to_string(), json!(0.1))].into_iter().collect());
+        t.intermediate.insert(10, 1.5);
+        let v = serde_json::to_value(&t).unwrap();
+        assert_eq!(v["state"], json!("running"));
+        assert_eq!(serde_json::from_value::<Trial>(v).unwrap(), t);
+        let bare: Trial =
+            serde_json::from_value(json!({"number": 1, "params": {}, "state": "pruned"})).unwrap();
+        assert_eq!(bare.state, TrialState::Pruned);
+        assert!(bare.rungs.is_empty() && bare.bracket.is_none());
+    }
+
+    #[test]
+    fn the_value_at_a_step_is_the_last_finite_report_at_or_before_it_else_the_first_after() {
+        let mut t = Trial::new(0, Params::new());
+        t.intermediate = [(5, 3.0), (10, f64::NAN), (20, 2.0)].into_iter().collect();
+        assert_eq!(t.value_at(10), Some(3.0));
+        assert_eq!(t.value_at(2), Some(3.0));
+        assert_eq!(t.value_at(25), Some(2.0));
+        assert_eq!(t.last_step(), Some(20));
+    }
+}
