@@ -168,6 +168,8 @@ pub struct AppState {
     pub liveness: Arc<crate::liveness::Liveness>,
     /// Failed sign-ins per user and per client (`access::throttle`).
     pub throttle: Arc<crate::access::throttle::Throttle>,
+    /// The controllers of running sweeps.
+    pub sweeps: Arc<crate::sweeps::SweepHub>,
 }
 
 impl AppState {
@@ -192,6 +194,7 @@ impl AppState {
             live,
             liveness: Arc::new(crate::liveness::Liveness::new(settings.lost_after)),
             throttle: Arc::default(),
+            sweeps: Arc::new(crate::sweeps::SweepHub::new(crate::sweeps::POLL)),
             settings: Arc::new(settings),
             launcher,
         }
@@ -310,8 +313,12 @@ impl Application {
             max_connections: self.state.settings.max_connections,
         };
         let watchdog = tokio::spawn(crate::liveness::watch(self.state.clone()));
+        // Sweeps continue where they were, now that trials can report back.
+        crate::sweeps::resume_all(&self.state).await;
+        let sweeps = Arc::clone(&self.state.sweeps);
         http::serve::serve(self.listener, app(self.state), limits, shutdown).await;
         watchdog.abort();
+        sweeps.abort_all();
         Ok(())
     }
 }

@@ -30,6 +30,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Launch a run on a server (and follow it with --follow).
     Submit(crate::submit::SubmitArgs),
+    /// Hyperparameter sweeps on a server (`sweep submit sweep.yaml --follow`, pause, resume, stop).
+    Sweep(crate::sweep_cli::SweepArgs),
     /// Train a GPT from a config file or profile (what launched runs execute).
     Train(trainer::cli::TrainArgs),
     /// Generate text from a checkpoint.
@@ -170,6 +172,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Submit(args) => {
             let code = crate::submit::run(args).await?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
+        }
+        Command::Sweep(args) => {
+            let code = crate::sweep_cli::run(args).await?;
             if code != 0 {
                 std::process::exit(code);
             }

@@ -14,6 +14,8 @@ pub mod search;
 pub mod status;
 pub mod store;
 pub mod submit;
+pub mod sweep_cli;
+pub mod sweeps;
 pub mod telemetry;
 pub mod user_cli;
 pub mod validate;

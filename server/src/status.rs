@@ -15,6 +15,7 @@
 //! finished | failed | stopped ──► queued    (launcher: relaunch after the trainer reported)
 //! running ──► lost                          (watchdog: no sign of life for --lost-after-secs)
 //! lost ──► running | finished | failed | stopped   (the client spoke again)
+//! queued | running | lost ──► pruned              (a sweep's early-stopping rule)
 //! ```
 //!
 //! Everything else (a terminal status replaced by another terminal one, anything back to
@@ -35,6 +36,8 @@ pub enum Actor {
     Launcher,
     /// This server's watchdog (`crate::liveness`): only it declares a silent run `lost`.
     Watchdog,
+    /// This server's sweep controller (`crate::sweeps`): only it prunes a trial.
+    Sweep,
 }
 
 /// Whether `actor` may move a run from `from` to `to`.
@@ -42,6 +45,8 @@ pub fn transition_allowed(from: RunStatus, to: RunStatus, actor: Actor) -> bool 
     use RunStatus::*;
     match (from, to) {
         (_, Created) => false,
+        (Queued | Running | Lost, Pruned) => actor == Actor::Sweep,
+        (_, Pruned) => false,
         (Running, Lost) => actor == Actor::Watchdog,
         (_, Lost) => false,
         (Lost, Running | Finished | Failed | Stopped) => true,
@@ -50,7 +55,7 @@ pub fn transition_allowed(from: RunStatus, to: RunStatus, actor: Actor) -> bool 
         (Queued, Running | Failed | Stopped) => true,
         (Running, Finished | Failed | Stopped) => true,
         // Resume: `trainyard train --resume` of an ended run reports `running` again.
-        (Finished | Failed | Stopped, Running) => true,
+        (Finished | Failed | Stopped | Pruned, Running) => true,
         _ => false,
     }
 }
@@ -63,6 +68,8 @@ pub fn illegal_transition(from: RunStatus, to: RunStatus) -> StoreError {
         "only this server's launcher puts a run in its queue".to_string()
     } else if to == RunStatus::Lost {
         "only this server declares a silent running run `lost`".to_string()
+    } else if to == RunStatus::Pruned {
+        "only this server's sweep controller prunes a queued or running run".to_string()
     } else if from.is_terminal() {
         format!("`{from}` is final (a resumed run reports `running` first)")
     } else {
@@ -152,6 +159,11 @@ mod tests {
             (Lost, Stopped, true, true),
             (Lost, Queued, false, true),
             (Created, Lost, false, false),
+            (Running, Pruned, false, false),
+            (Queued, Pruned, false, false),
+            (Pruned, Running, true, true),
+            (Pruned, Finished, false, false),
+            (Pruned, Stopped, false, false),
         ];
         for (from, to, client, launcher) in table {
             assert_eq!(
@@ -176,6 +188,20 @@ mod tests {
                 transition_allowed(from, to, Actor::Watchdog),
                 watchdog,
                 "watchdog {from} → {to}"
+            );
+        }
+        for (from, to, sweep) in [
+            (Running, Pruned, true),
+            (Queued, Pruned, true),
+            (Lost, Pruned, true),
+            (Created, Pruned, false),
+            (Finished, Pruned, false),
+            (Pruned, Pruned, false),
+        ] {
+            assert_eq!(
+                transition_allowed(from, to, Actor::Sweep),
+                sweep,
+                "sweep {from} → {to}"
             );
         }
     }

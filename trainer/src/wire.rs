@@ -122,10 +122,13 @@ pub enum RunStatus {
     /// server's `--lost-after-secs`: its process was probably killed. A sign of life makes it
     /// `running` again.
     Lost,
+    /// Stopped early by its sweep's early-stopping rule (ASHA, median, Hyperband): its metrics
+    /// and last checkpoint are kept; only the server's sweep controller sets it.
+    Pruned,
 }
 
 impl RunStatus {
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
         RunStatus::Created,
         RunStatus::Queued,
         RunStatus::Running,
@@ -133,6 +136,7 @@ impl RunStatus {
         RunStatus::Failed,
         RunStatus::Stopped,
         RunStatus::Lost,
+        RunStatus::Pruned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -144,13 +148,14 @@ impl RunStatus {
             RunStatus::Failed => "failed",
             RunStatus::Stopped => "stopped",
             RunStatus::Lost => "lost",
+            RunStatus::Pruned => "pruned",
         }
     }
 
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            RunStatus::Finished | RunStatus::Failed | RunStatus::Stopped
+            RunStatus::Finished | RunStatus::Failed | RunStatus::Stopped | RunStatus::Pruned
         )
     }
 }

@@ -96,6 +96,23 @@ pub async fn decide(
             let experiment = state.store.get_experiment(asked).await?;
             require_experiment(state, principal, &experiment.id, asked, level).await
         }
+        Rule::Sweep(level) => {
+            let asked = id.unwrap_or_default();
+            let not_found = || Denied::NotFound(format!("sweep `{asked}` not found"));
+            let sweep = match state.store.get_sweep(asked).await {
+                Err(StoreError::NotFound { .. }) => return Err(not_found()),
+                other => other?,
+            };
+            match require_experiment(state, principal, &sweep.experiment_id, "", level).await {
+                // A sweep in an experiment the caller may not read does not exist for them.
+                Err(Denied::NotFound(_)) => Err(not_found()),
+                Err(Denied::Forbidden(_)) => Err(Denied::Forbidden(format!(
+                    "you need {} access to the experiment of sweep `{asked}`",
+                    level.as_str()
+                ))),
+                other => other,
+            }
+        }
     }
 }
 

@@ -20,6 +20,8 @@ pub enum Rule {
     Run(Level),
     /// `{id}` is an experiment; the caller needs this level on it.
     Experiment(Level),
+    /// `{id}` is a sweep; the caller needs this level on its experiment.
+    Sweep(Level),
     /// `{id}` is a run that reports here: EDIT on its experiment, or that run's own token.
     Report,
     /// Instance administrators only.
@@ -175,6 +177,34 @@ const RULES: &[(Method, &str, Rule)] = &[
         "/api/v1/runs/{id}/resume",
         Rule::Run(Level::Edit),
     ),
+    (Method::GET, "/api/v1/sweeps", Rule::SignedIn),
+    (Method::POST, "/api/v1/sweeps", Rule::SignedIn),
+    (Method::GET, "/api/v1/sweeps/{id}", Rule::Sweep(Level::Read)),
+    (
+        Method::PATCH,
+        "/api/v1/sweeps/{id}",
+        Rule::Sweep(Level::Edit),
+    ),
+    (
+        Method::POST,
+        "/api/v1/sweeps/{id}/pause",
+        Rule::Sweep(Level::Edit),
+    ),
+    (
+        Method::POST,
+        "/api/v1/sweeps/{id}/resume",
+        Rule::Sweep(Level::Edit),
+    ),
+    (
+        Method::POST,
+        "/api/v1/sweeps/{id}/stop",
+        Rule::Sweep(Level::Edit),
+    ),
+    (
+        Method::GET,
+        "/api/v1/sweeps/{id}/events",
+        Rule::Sweep(Level::Read),
+    ),
     // --- pages ---
     (Method::GET, "/static/{*file}", Rule::Public),
     (Method::GET, "/sign-in", Rule::Public),
@@ -220,6 +250,10 @@ const RULES: &[(Method, &str, Rule)] = &[
         Rule::Run(Level::Edit),
     ),
     (Method::GET, "/compare", Rule::SignedIn),
+    (Method::GET, "/sweeps", Rule::SignedIn),
+    (Method::GET, "/sweeps/new", Rule::SignedIn),
+    (Method::POST, "/sweeps/new", Rule::SignedIn),
+    (Method::GET, "/sweeps/{id}", Rule::Sweep(Level::Read)),
     (Method::GET, "/launch", Rule::SignedIn),
     (Method::POST, "/launch", Rule::SignedIn),
     (Method::GET, "/account", Rule::SignedIn),

@@ -56,6 +56,9 @@ pub struct LaunchRequest {
     /// Absolute directory the config's relative paths resolve against; None = the server's
     /// working directory (see `actions::paths`).
     pub working_dir: Option<String>,
+    /// Extra environment variables of the process (set by the sweep controller, never read
+    /// from a request).
+    pub env: BTreeMap<String, String>,
 }
 
 fn config_error(e: ConfigError, fallback_field: &str) -> Invalid {
@@ -236,7 +239,7 @@ pub async fn launch_run(
     );
     // Parsing and validating a config is CPU work, and checking its paths file system work:
     // keep both off the async workers, so a slow document delays only its own request.
-    let (req, config) = tokio::task::spawn_blocking(move || {
+    let (mut req, config) = tokio::task::spawn_blocking(move || {
         let config = resolve_config(&req).and_then(|config| {
             config
                 .map(|mut c| paths::resolve_paths(&mut c, &base, &token_cache).map(|()| c))
@@ -255,6 +258,7 @@ pub async fn launch_run(
         max_restarts,
         command,
         config: config.clone(),
+        env: std::mem::take(&mut req.env),
     };
     state.launcher.check(&spec)?;
     let experiment_id =

@@ -83,6 +83,9 @@ pub struct LaunchSpec {
     pub command: Option<Vec<String>>,
     /// The resolved config (written to `config.json`).
     pub config: Option<serde_json::Value>,
+    /// Variables set for the process beside Trainyard's own (a sweep trial's
+    /// `TRAINYARD_PARAMS`).
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -288,6 +291,7 @@ impl Launcher {
             first_started_at_ms: None,
             resume_from: None,
             attempts_before_resume: 0,
+            env: spec.env,
         };
         let config = spec.config;
         let dir2 = dir.clone();

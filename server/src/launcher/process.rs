@@ -43,6 +43,9 @@ pub struct LaunchRecord {
     /// Attempts before the latest resume request: each resume gets the whole restart budget.
     #[serde(default)]
     pub attempts_before_resume: u32,
+    /// Extra variables for the process (a sweep trial's parameters).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -211,6 +214,8 @@ pub struct SpawnSpec<'a> {
     pub attempt: u32,
     /// The server's CPU slots: a CPU run gets its share of the cores.
     pub cpu_slots: usize,
+    /// Extra variables (`LaunchRecord::env`).
+    pub env: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// The trainer's argv for a run (resuming from its latest checkpoint after the first attempt).
@@ -259,6 +264,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<(tokio::process::Child, Pr
         // Never the server's own environment (database URL, admin token...): see `env.rs`.
         .env_clear()
         .envs(super::env::inherited(std::env::vars_os()))
+        .envs(spec.env)
         .env("TRAINYARD_SERVER_URL", spec.server_url)
         .env("TRAINYARD_RUN_ID", spec.run_id)
         .env("TRAINYARD_RUN_DIR", spec.run_dir)
@@ -354,6 +360,7 @@ mod tests {
             first_started_at_ms: Some(5),
             resume_from: Some(dir.path().join("checkpoints/step-000010")),
             attempts_before_resume: 1,
+            env: [("TRAINYARD_PARAMS".to_string(), "{}".to_string())].into(),
         };
         rec.save(dir.path()).unwrap();
         assert_eq!(LaunchRecord::load(dir.path()).unwrap(), rec);

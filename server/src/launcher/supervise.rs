@@ -310,6 +310,7 @@ async fn start_attempt(
         token: token.as_deref(),
         attempt: record.attempts,
         cpu_slots: inner.settings.cpu_slots,
+        env: &record.env,
     };
     let (child, proc_rec) = process::spawn(&spec)?;
     // Visible to `stop` before anyone can see the run as `running`.

@@ -364,7 +364,7 @@ impl StoreError {
 }
 
 #[async_trait]
-pub trait Store: accounts::Accounts + Send + Sync + 'static {
+pub trait Store: accounts::Accounts + sweeps::Sweeps + Send + Sync + 'static {
     /// "sqlite" or "postgres".
     fn backend(&self) -> &'static str;
 
@@ -490,6 +490,7 @@ mod search;
 pub mod sql;
 mod sql_store;
 mod sqlite;
+pub mod sweeps;
 
 pub use sql_store::SqlStore;
 

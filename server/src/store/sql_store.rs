@@ -20,6 +20,7 @@ mod keys;
 mod metrics;
 mod run_data;
 mod runs;
+mod sweeps;
 
 pub(super) use metrics::{series_for, stored_values};
 

@@ -14,6 +14,7 @@ pub mod logs;
 pub mod metrics;
 pub mod openapi;
 pub mod runs;
+pub mod sweeps;
 
 use axum::Router;
 
@@ -36,6 +37,7 @@ pub fn api_router() -> Router<AppState> {
         .merge(events::router())
         .merge(openapi::router())
         .merge(charts::router())
+        .merge(sweeps::router())
         .fallback(crate::http::not_found)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
 }

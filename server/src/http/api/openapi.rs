@@ -57,6 +57,14 @@ use crate::app::AppState;
         super::charts::run_chart_layout,
         super::charts::run_chart,
         super::charts::compare_chart,
+        super::sweeps::submit_sweep,
+        super::sweeps::list_sweeps,
+        super::sweeps::get_sweep,
+        super::sweeps::change_sweep,
+        super::sweeps::pause_sweep,
+        super::sweeps::resume_sweep,
+        super::sweeps::stop_sweep,
+        super::sweeps::sweep_events,
         openapi_json,
     ),
     components(schemas(ServerSentEventDoc)),
@@ -69,6 +77,7 @@ use crate::app::AppState;
         (name = "launcher", description = "Launched runs: stop, resume, logs"),
         (name = "checkpoints", description = "A launched run's checkpoints"),
         (name = "charts", description = "Chart layout of a run, and charts rendered as SVG or PNG"),
+        (name = "sweeps", description = "Hyperparameter sweeps: submit, follow, change, pause, resume, stop"),
     )
 )]
 pub struct ApiDoc;

@@ -102,6 +102,7 @@ impl CreateRun {
             max_restarts: self.max_restarts,
             command: self.command,
             working_dir: self.working_dir,
+            env: BTreeMap::new(),
         }
     }
 }

@@ -49,14 +49,15 @@ impl MlflowStatus {
     }
 
     /// How a Trainyard status reads in MLflow. `lost` (silent for too long) reads as FAILED, as
-    /// MLflow has no such state; it becomes RUNNING again if the client speaks.
+    /// MLflow has no such state; it becomes RUNNING again if the client speaks. A sweep's
+    /// `pruned` trial was stopped early on purpose: KILLED.
     pub fn of(status: RunStatus) -> MlflowStatus {
         match status {
             RunStatus::Created | RunStatus::Queued => MlflowStatus::Scheduled,
             RunStatus::Running => MlflowStatus::Running,
             RunStatus::Finished => MlflowStatus::Finished,
             RunStatus::Failed | RunStatus::Lost => MlflowStatus::Failed,
-            RunStatus::Stopped => MlflowStatus::Killed,
+            RunStatus::Stopped | RunStatus::Pruned => MlflowStatus::Killed,
         }
     }
 
@@ -67,7 +68,7 @@ impl MlflowStatus {
             MlflowStatus::Running => &[RunStatus::Running],
             MlflowStatus::Finished => &[RunStatus::Finished],
             MlflowStatus::Failed => &[RunStatus::Failed, RunStatus::Lost],
-            MlflowStatus::Killed => &[RunStatus::Stopped],
+            MlflowStatus::Killed => &[RunStatus::Stopped, RunStatus::Pruned],
         }
     }
 

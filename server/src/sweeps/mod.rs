@@ -1,0 +1,135 @@
+//! Hyperparameter sweeps in the server: admission of a spec (`admit`), the controller task of
+//! each active sweep (`controller`), changes to a running sweep (`change`) and the view the API,
+//! the event stream and the pages show (`view`). The search itself is the `sweep` crate: pure
+//! functions of the spec and the trials, so a controller that restarts asks again and gets the
+//! same answers.
+//!
+//! `SweepHub` knows the running controller tasks: one per running or paused sweep. Each has a
+//! `Notify` to wake it at once (a change, pause, resume or stop) and a revision counter that
+//! goes up whenever the sweep's view changed, which the event stream waits on.
+
+pub mod admit;
+pub mod change;
+mod controller;
+pub mod view;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+
+use crate::app::AppState;
+
+/// Tag on every trial run: the sweep's id.
+pub const SWEEP_TAG: &str = "trainyard.sweep";
+/// Tag on every trial run: `<sweep id>/<trial number>` (how a restarted controller finds a run
+/// it launched but had not linked yet).
+pub const TRIAL_TAG: &str = "trainyard.trial";
+
+/// How often a controller looks at its trials when nothing wakes it.
+pub const POLL: Duration = Duration::from_millis(500);
+
+struct Handle {
+    wake: Arc<Notify>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The controllers of active sweeps and the revision counters of all watched sweeps.
+pub struct SweepHub {
+    controllers: Mutex<HashMap<String, Handle>>,
+    revisions: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// How often a controller looks at its trials when nothing wakes it.
+    pub poll: Duration,
+}
+
+impl SweepHub {
+    pub fn new(poll: Duration) -> SweepHub {
+        SweepHub {
+            controllers: Mutex::new(HashMap::new()),
+            revisions: Mutex::new(HashMap::new()),
+            poll,
+        }
+    }
+
+    fn controllers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {
+        self.controllers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn revision(&self, id: &str) -> watch::Sender<u64> {
+        let mut map = self
+            .revisions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry(id.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .clone()
+    }
+
+    /// Starts the controller of sweep `id` unless one runs already.
+    pub fn start(&self, state: &AppState, id: &str) {
+        let mut controllers = self.controllers();
+        if controllers
+            .get(id)
+            .and_then(|h| h.task.as_ref())
+            .is_some_and(|t| !t.is_finished())
+        {
+            return;
+        }
+        let wake = Arc::new(Notify::new());
+        let task = tokio::spawn(controller::run(
+            state.clone(),
+            id.to_string(),
+            wake.clone(),
+            self.revision(id),
+        ));
+        controllers.insert(
+            id.to_string(),
+            Handle {
+                wake,
+                task: Some(task),
+            },
+        );
+    }
+
+    /// Wakes the controller of sweep `id` now (its spec or state changed).
+    pub fn wake(&self, id: &str) {
+        if let Some(h) = self.controllers().get(id) {
+            h.wake.notify_one();
+        }
+    }
+
+    /// Tells watchers of sweep `id` that its view changed.
+    pub fn changed(&self, id: &str) {
+        self.revision(id).send_modify(|r| *r = r.wrapping_add(1));
+    }
+
+    /// A receiver that sees every later change of sweep `id`.
+    pub fn subscribe(&self, id: &str) -> watch::Receiver<u64> {
+        self.revision(id).subscribe()
+    }
+
+    /// Stops every controller task (server shutdown); their sweeps continue at the next start.
+    pub fn abort_all(&self) {
+        for (_, handle) in self.controllers().drain() {
+            if let Some(task) = handle.task {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Starts a controller for every running or paused sweep (a starting server).
+pub async fn resume_all(state: &AppState) {
+    match state.store.live_sweeps().await {
+        Ok(sweeps) => {
+            for sweep in sweeps {
+                tracing::info!(sweep = %sweep.id, name = %sweep.name, "resuming sweep");
+                state.sweeps.start(state, &sweep.id);
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "could not read the sweeps to resume"),
+    }
+}

@@ -1,0 +1,269 @@
+//! A sweep as the API, its event stream and its page show it: the spec and state, the best
+//! trial, every trial with its parameters, objective, step, next rung and metric curve, the
+//! parameter importance and the versions of the spec. Built from the store alone, so every
+//! reader sees the same thing whether or not a controller runs.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sweep::{Goal, SweepSpec};
+
+use crate::app::AppState;
+use crate::store::sweeps::{SweepRow, SweepState, SweepVersion, TrialRow, TrialState};
+use crate::store::StoreResult;
+
+/// Points of each trial's metric curve in a view (downsampled keeping each bucket's extremes).
+pub const CURVE_POINTS: usize = 200;
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct TrialCounts {
+    pub total: usize,
+    pub pending: usize,
+    pub running: usize,
+    pub complete: usize,
+    pub pruned: usize,
+    pub failed: usize,
+    pub stopped: usize,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct BestTrial {
+    pub number: i64,
+    pub run_id: Option<String>,
+    pub value: f64,
+    #[schema(value_type = Object)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A sweep in a list.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct SweepSummary {
+    pub id: String,
+    pub name: String,
+    pub experiment_id: String,
+    pub state: SweepState,
+    /// Why it is in its state (finished, paused by itself, stopped).
+    pub message: Option<String>,
+    /// The spec's version (1, then one more per change).
+    pub version: i64,
+    /// grid, random or tpe.
+    pub method: String,
+    pub metric: String,
+    /// minimize or maximize.
+    pub goal: String,
+    /// asha, median, hyperband or none.
+    pub early_terminate: String,
+    pub max_trials: u32,
+    pub parallel: u32,
+    pub trials: TrialCounts,
+    /// The complete trial with the best objective (pruned trials do not count).
+    pub best: Option<BestTrial>,
+    pub created_by: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub ended_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct TrialView {
+    pub number: i64,
+    pub run_id: Option<String>,
+    #[schema(value_type = Object)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+    pub state: TrialState,
+    /// The objective: the metric's last value.
+    pub value: Option<f64>,
+    /// The last step the metric was reported at.
+    pub step: Option<i64>,
+    /// The step at which the early-stopping rule judges it next (running trials).
+    pub next_rung: Option<u64>,
+    /// The values it had at each rung it reached.
+    pub rungs: BTreeMap<u32, f64>,
+    pub bracket: Option<i64>,
+    pub reason: Option<String>,
+    pub created_at: i64,
+    pub ended_at: Option<i64>,
+    /// `[step, value]` pairs of the metric, at most [`CURVE_POINTS`].
+    pub curve: Vec<[f64; 2]>,
+}
+
+/// A sweep with its trials.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct SweepDetail {
+    #[serde(flatten)]
+    pub summary: SweepSummary,
+    /// The current spec.
+    #[schema(value_type = Object)]
+    pub spec: serde_json::Value,
+    pub trials: Vec<TrialView>,
+    /// Each parameter's share of the objective's variance over the complete trials (fANOVA).
+    pub importance: BTreeMap<String, f64>,
+    pub versions: Vec<SweepVersion>,
+}
+
+fn goal_name(goal: Goal) -> &'static str {
+    match goal {
+        Goal::Minimize => "minimize",
+        Goal::Maximize => "maximize",
+    }
+}
+
+fn method_name(method: sweep::Method) -> &'static str {
+    match method {
+        sweep::Method::Grid => "grid",
+        sweep::Method::Random => "random",
+        sweep::Method::Tpe => "tpe",
+    }
+}
+
+fn rule_name(rule: &sweep::EarlyTerminate) -> &'static str {
+    match rule {
+        sweep::EarlyTerminate::None => "none",
+        sweep::EarlyTerminate::Asha { .. } => "asha",
+        sweep::EarlyTerminate::Median { .. } => "median",
+        sweep::EarlyTerminate::Hyperband { .. } => "hyperband",
+    }
+}
+
+/// The spec stored with a sweep: the document as its author wrote it (as JSON), checked when
+/// it was stored, so it parses.
+pub fn spec_of(row: &SweepRow) -> StoreResult<SweepSpec> {
+    SweepSpec::from_json_value(&row.spec).map_err(|e| {
+        crate::store::StoreError::Database(sqlx::Error::Protocol(format!(
+            "sweep {} has a spec this server cannot read: {e}",
+            row.id
+        )))
+    })
+}
+
+fn best(spec: &SweepSpec, trials: &[TrialRow]) -> Option<BestTrial> {
+    let better = |a: f64, b: f64| match spec.metric.goal {
+        Goal::Minimize => a < b,
+        Goal::Maximize => a > b,
+    };
+    trials
+        .iter()
+        .filter(|t| t.state == TrialState::Complete)
+        .filter_map(|t| t.value.filter(|v| v.is_finite()).map(|v| (t, v)))
+        .fold(None, |acc: Option<(&TrialRow, f64)>, (t, v)| match acc {
+            Some((_, bv)) if !better(v, bv) => acc,
+            _ => Some((t, v)),
+        })
+        .map(|(t, v)| BestTrial {
+            number: t.number,
+            run_id: t.run_id.clone(),
+            value: v,
+            params: t.params.clone(),
+        })
+}
+
+fn counts(trials: &[TrialRow]) -> TrialCounts {
+    let n = |s: TrialState| trials.iter().filter(|t| t.state == s).count();
+    TrialCounts {
+        total: trials.len(),
+        pending: n(TrialState::Pending),
+        running: n(TrialState::Running),
+        complete: n(TrialState::Complete),
+        pruned: n(TrialState::Pruned),
+        failed: n(TrialState::Failed),
+        stopped: n(TrialState::Stopped),
+    }
+}
+
+fn summary_of(row: &SweepRow, spec: &SweepSpec, trials: &[TrialRow]) -> SweepSummary {
+    SweepSummary {
+        id: row.id.clone(),
+        name: row.name.clone(),
+        experiment_id: row.experiment_id.clone(),
+        state: row.state,
+        message: row.message.clone(),
+        version: row.version,
+        method: method_name(spec.method).into(),
+        metric: spec.metric.name.clone(),
+        goal: goal_name(spec.metric.goal).into(),
+        early_terminate: rule_name(&spec.early_terminate).into(),
+        max_trials: spec.max_trials,
+        parallel: spec.parallel,
+        trials: counts(trials),
+        best: best(spec, trials),
+        created_by: row.created_by.clone(),
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        ended_at: row.ended_at,
+    }
+}
+
+pub async fn summary(state: &AppState, row: &SweepRow) -> StoreResult<SweepSummary> {
+    let spec = spec_of(row)?;
+    let trials = state.store.trials(&row.id).await?;
+    Ok(summary_of(row, &spec, &trials))
+}
+
+pub async fn detail(state: &AppState, id: &str) -> StoreResult<SweepDetail> {
+    let row = state.store.get_sweep(id).await?;
+    let spec = spec_of(&row)?;
+    let rows = state.store.trials(id).await?;
+    let mut trials = Vec::with_capacity(rows.len());
+    let mut search = Vec::with_capacity(rows.len());
+    for t in &rows {
+        let curve = match &t.run_id {
+            Some(run_id) => match state
+                .store
+                .read_series(run_id, &spec.metric.name, None, None, CURVE_POINTS)
+                .await
+            {
+                Ok(series) => series.points,
+                Err(crate::store::StoreError::NotFound { .. }) => Vec::new(),
+                Err(e) => return Err(e),
+            },
+            None => Vec::new(),
+        };
+        let intermediate: BTreeMap<u64, f64> = curve
+            .iter()
+            .filter_map(|p| u64::try_from(p.step).ok().map(|s| (s, p.value)))
+            .collect();
+        let for_search = sweep::Trial {
+            number: u32::try_from(t.number).unwrap_or(u32::MAX),
+            params: t.params.clone().into_iter().collect(),
+            state: match t.state {
+                TrialState::Pending | TrialState::Running => sweep::TrialState::Running,
+                TrialState::Complete => sweep::TrialState::Complete,
+                TrialState::Pruned => sweep::TrialState::Pruned,
+                TrialState::Failed | TrialState::Stopped => sweep::TrialState::Failed,
+            },
+            value: t.value,
+            intermediate,
+            rungs: t.rungs.clone(),
+            bracket: t.bracket.and_then(|b| u32::try_from(b).ok()),
+        };
+        let next_rung = t
+            .state
+            .is_active()
+            .then(|| sweep::next_rung(&spec, &for_search))
+            .flatten();
+        search.push(for_search);
+        trials.push(TrialView {
+            number: t.number,
+            run_id: t.run_id.clone(),
+            params: t.params.clone(),
+            state: t.state,
+            value: t.value,
+            step: t.step,
+            next_rung,
+            rungs: t.rungs.clone(),
+            bracket: t.bracket,
+            reason: t.reason.clone(),
+            created_at: t.created_at,
+            ended_at: t.ended_at,
+            curve: curve.iter().map(|p| [p.step as f64, p.value]).collect(),
+        });
+    }
+    let importance = sweep::importance(&spec, &search);
+    Ok(SweepDetail {
+        summary: summary_of(&row, &spec, &rows),
+        spec: row.spec.clone(),
+        trials,
+        importance,
+        versions: state.store.sweep_versions(id).await?,
+    })
+}
