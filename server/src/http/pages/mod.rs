@@ -13,6 +13,7 @@ pub mod compare;
 pub mod launch;
 pub mod run;
 pub mod runs;
+pub mod sweeps;
 pub mod views;
 
 use crate::app::AppState;
@@ -124,6 +125,12 @@ pub fn router() -> Router<AppState> {
         )
         .route("/compare", get(compare::compare_page))
         .route("/launch", get(launch::form).post(launch::submit))
+        .route("/sweeps", get(sweeps::sweeps_page))
+        .route(
+            "/sweeps/new",
+            get(sweeps::new_sweep_form).post(sweeps::submit_sweep),
+        )
+        .route("/sweeps/{id}", get(sweeps::sweep_page))
         .route(
             "/sign-in",
             get(account::sign_in_form).post(account::sign_in),

@@ -1,0 +1,366 @@
+// The sweep page's plots, redrawn from each `sweep` event: best objective so far by trial, every
+// trial's metric curve, parallel coordinates, a slice per parameter and the parameter
+// importance. They are composed from the line chart's pieces (chart/scales.js for ranges, ticks
+// and log axes; chart/draw.js for canvases, axes, lines, markers and the one palette), so the
+// sweep's axes read like every other chart of the dashboard.
+
+import { Scale, LINEAR, LOG10, valueRange, valueTicks, formatValue } from "../chart/scales.js";
+import { PAD, PALETTE, colorFor, cssVar, prepareCanvas, leftPad, drawAxes, clipTo, drawLine, drawMarker, FONT } from "../chart/draw.js";
+
+/** Distributions searched on a log scale (docs/sweeps.md, Parameters). */
+const LOG_DISTRIBUTIONS = new Set(["log_uniform", "log_uniform_values", "int_log_uniform", "q_log_uniform", "q_log_uniform_values"]);
+
+/** Greys for what no longer counts (pruned trials): the palette's neutral entry. */
+const GREY = PALETTE[7];
+
+const finite = (v) => typeof v === "number" && Number.isFinite(v);
+
+/** Whether objective `a` is better than `b` under `goal`. */
+export function better(a, b, goal) {
+  return goal === "maximize" ? a > b : a < b;
+}
+
+/** `#rrggbb` as [r, g, b]. */
+function rgb(hex) {
+  const n = parseInt(hex.slice(1), 16);
+  return [(n >> 16) & 255, (n >> 8) & 255, n & 255];
+}
+
+const GOOD = rgb(PALETTE[0]), BAD = rgb(PALETTE[1]);
+
+/** The colour of an objective: the palette's first colour for the best value seen, its second
+ *  for the worst, mixed between. */
+function objectiveColor(v, lo, hi, goal) {
+  let t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+  if (goal === "maximize") t = 1 - t; // t: 0 = best, 1 = worst
+  const c = GOOD.map((g, i) => Math.round(g + (BAD[i] - g) * t));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+/** A canvas filling `box`, repainted with the latest data when the box is resized. */
+class CanvasPlot {
+  constructor(box, paint) {
+    this.box = box;
+    this.paint = paint;
+    this.data = null;
+    this.count = 0;
+    this.canvas = document.createElement("canvas");
+    this.canvas.setAttribute("role", "img");
+    this.canvas.setAttribute("aria-label", box.dataset.title || "sweep chart");
+    box.replaceChildren(this.canvas);
+    new ResizeObserver(() => this.draw()).observe(box);
+  }
+
+  update(data) {
+    this.data = data;
+    return this.draw();
+  }
+
+  /** Paints; returns how many marks (lines, curves, dots) the plot holds. */
+  draw() {
+    if (!this.data) return this.count;
+    const c = prepareCanvas(this.canvas, this.box);
+    if (!c) return this.count;
+    const colors = { text: cssVar(this.box, "--muted", "#666"), grid: cssVar(this.box, "--grid", "#eee"), fg: cssVar(this.box, "--fg", "#222") };
+    this.count = this.paint(c, this.data, colors);
+    this.box.dataset.drawn = String(this.count);
+    return this.count;
+  }
+}
+
+/** A note in the middle of an empty plot. */
+function note(ctx, w, h, text, colors) {
+  ctx.font = FONT;
+  ctx.fillStyle = colors.text;
+  ctx.textAlign = "center";
+  ctx.textBaseline = "middle";
+  ctx.fillText(text, w / 2, h / 2);
+}
+
+/** How a parameter is laid on an axis: numbers (log-scaled when searched so) or categories. */
+function axisOf(key, values, spec) {
+  const present = values.filter((v) => v !== null && v !== undefined);
+  if (present.length && present.every(finite)) {
+    const dist = spec?.parameters?.[key]?.distribution;
+    const log = LOG_DISTRIBUTIONS.has(dist) && present.every((v) => v > 0);
+    const transform = log ? LOG10 : LINEAR;
+    const t = present.map((v) => transform.forward(v));
+    const [d0, d1] = valueRange(Math.min(...t), Math.max(...t), transform);
+    return { kind: "number", transform, d0, d1, pos: (v) => (finite(v) ? transform.forward(v) : NaN) };
+  }
+  const cats = [...new Set(present.map((v) => JSON.stringify(v)))].sort();
+  return {
+    kind: "category", cats, d0: -0.5, d1: Math.max(0.5, cats.length - 0.5),
+    pos: (v) => (v === null || v === undefined ? NaN : cats.indexOf(JSON.stringify(v))),
+  };
+}
+
+/** Ticks and labels of an axis laid out by `axisOf`. */
+function ticksOf(axis, count) {
+  if (axis.kind === "number") return valueTicks(axis.d0, axis.d1, axis.transform, count);
+  const ticks = axis.cats.map((_, i) => i);
+  return { ticks, labels: axis.cats.map((c) => { const v = JSON.parse(c); return typeof v === "string" ? v : String(v); }) };
+}
+
+/** The objective axis over trials' values. */
+function objectiveAxis(values) {
+  const [d0, d1] = valueRange(Math.min(...values), Math.max(...values), LINEAR);
+  return { kind: "number", transform: LINEAR, d0, d1, pos: (v) => v };
+}
+
+// --- Best so far ------------------------------------------------------------------------------
+
+function paintBest({ ctx, w, h }, d, colors) {
+  const done = d.trials.filter((t) => t.state === "complete" && finite(t.value)).sort((a, b) => a.number - b.number);
+  if (!done.length) { note(ctx, w, h, "No complete trial yet", colors); return 0; }
+  const numbers = d.trials.map((t) => t.number);
+  const x0 = Math.min(...numbers), x1 = Math.max(...numbers);
+  const [y0, y1] = valueRange(Math.min(...done.map((t) => t.value)), Math.max(...done.map((t) => t.value)), LINEAR);
+  const yt = valueTicks(y0, y1, LINEAR, Math.max(3, Math.round((h - PAD.top - PAD.bottom) / 40)));
+  const area = { left: leftPad(ctx, yt.labels), top: PAD.top, right: w - PAD.right, bottom: h - PAD.bottom };
+  const x = new Scale(x0 - 0.5, x1 + 0.5, area.left, area.right);
+  const y = new Scale(y0, y1, area.bottom, area.top);
+  const xt = valueTicks(x0 - 0.5, x1 + 0.5, LINEAR, Math.max(2, Math.floor((area.right - area.left) / 60)));
+  const whole = xt.ticks.map((t, i) => [t, xt.labels[i]]).filter(([t]) => Number.isInteger(t));
+  drawAxes(ctx, area, { scale: x, ticks: whole.map((p) => p[0]), labels: whole.map((p) => p[1]), caption: "trial" }, { scale: y, ...yt }, colors);
+  const unclip = clipTo(ctx, area);
+  // The running best as a staircase: it only ever improves.
+  ctx.strokeStyle = colorFor(0);
+  ctx.lineWidth = 2;
+  ctx.beginPath();
+  let best = null;
+  for (const t of done) {
+    if (best === null) { best = t.value; ctx.moveTo(x.map(t.number), y.map(best)); continue; }
+    ctx.lineTo(x.map(t.number), y.map(best));
+    if (better(t.value, best, d.goal)) { best = t.value; ctx.lineTo(x.map(t.number), y.map(best)); }
+  }
+  ctx.lineTo(x.map(x1), y.map(best));
+  ctx.stroke();
+  for (const t of done) drawMarker(ctx, x.map(t.number), y.map(t.value), t.number === d.best?.number ? colorFor(0) : GREY, t.number === d.best?.number ? 4.5 : 3);
+  unclip();
+  return done.length;
+}
+
+// --- Curves -----------------------------------------------------------------------------------
+
+function paintCurves({ ctx, w, h }, d, colors) {
+  const trials = d.trials.filter((t) => (t.curve ?? []).some((p) => finite(p[1])));
+  if (!trials.length) { note(ctx, w, h, `No ${d.metric} points yet`, colors); return 0; }
+  let x0 = Infinity, x1 = -Infinity, v0 = Infinity, v1 = -Infinity;
+  for (const t of trials) for (const [s, v] of t.curve) {
+    if (!finite(v)) continue;
+    x0 = Math.min(x0, s); x1 = Math.max(x1, s); v0 = Math.min(v0, v); v1 = Math.max(v1, v);
+  }
+  if (x1 === x0) { x0 -= 1; x1 += 1; }
+  const [y0, y1] = valueRange(v0, v1, LINEAR);
+  const yt = valueTicks(y0, y1, LINEAR, Math.max(3, Math.round((h - PAD.top - PAD.bottom) / 40)));
+  const area = { left: leftPad(ctx, yt.labels), top: PAD.top, right: w - PAD.right, bottom: h - PAD.bottom };
+  const x = new Scale(x0, x1, area.left, area.right);
+  const y = new Scale(y0, y1, area.bottom, area.top);
+  const xt = valueTicks(x0, x1, LINEAR, Math.max(2, Math.floor((area.right - area.left) / 90)));
+  drawAxes(ctx, area, { scale: x, ...xt, caption: "step" }, { scale: y, ...yt }, colors);
+  const unclip = clipTo(ctx, area);
+  // Pruned curves first, so live and complete ones are drawn over them.
+  trials.sort((a, b) => (a.state === "pruned") === (b.state === "pruned") ? a.number - b.number : a.state === "pruned" ? -1 : 1);
+  for (const t of trials) {
+    const pts = t.curve.filter((p) => finite(p[1]));
+    const xs = Float64Array.from(pts, (p) => p[0]), ys = Float64Array.from(pts, (p) => p[1]);
+    const pruned = t.state === "pruned";
+    const color = pruned ? GREY : colorFor(t.number);
+    ctx.setLineDash(pruned ? [5, 4] : []);
+    ctx.lineWidth = t.number === d.best?.number ? 2.5 : 1.5;
+    ctx.globalAlpha = pruned ? 0.8 : 1;
+    drawLine(ctx, { xs, ys, i0: 0, i1: pts.length, origin: 0, transform: LINEAR }, x, y, color);
+    ctx.setLineDash([]);
+    const [ls, lv] = pts[pts.length - 1];
+    if (pts.length === 1) drawMarker(ctx, x.map(ls), y.map(lv), color);
+    if (pruned) {
+      // An × where the early-stopping rule stopped it.
+      const px = x.map(ls), py = y.map(lv);
+      ctx.strokeStyle = GREY;
+      ctx.lineWidth = 2;
+      ctx.beginPath();
+      ctx.moveTo(px - 4, py - 4); ctx.lineTo(px + 4, py + 4);
+      ctx.moveTo(px - 4, py + 4); ctx.lineTo(px + 4, py - 4);
+      ctx.stroke();
+    }
+  }
+  ctx.globalAlpha = 1;
+  unclip();
+  return trials.length;
+}
+
+// --- Parallel coordinates ---------------------------------------------------------------------
+
+function clip(ctx, text, width) {
+  if (ctx.measureText(text).width <= width) return text;
+  let t = text;
+  while (t.length > 1 && ctx.measureText(`…${t}`).width > width) t = t.slice(1);
+  return `…${t}`;
+}
+
+function paintParallel({ ctx, w, h }, { d, params }, colors) {
+  const trials = d.trials.filter((t) => finite(t.value));
+  if (!trials.length || !params.length) { note(ctx, w, h, "No trial has an objective yet", colors); return 0; }
+  const axes = params.map((k) => ({ label: k, get: (t) => t.params?.[k], ...axisOf(k, trials.map((t) => t.params?.[k]), d.spec) }));
+  axes.push({ label: `${d.metric} (${d.goal})`, get: (t) => t.value, ...objectiveAxis(trials.map((t) => t.value)) });
+  const top = 28, bottom = h - 14, left = 56, right = w - 56;
+  const gap = axes.length > 1 ? (right - left) / (axes.length - 1) : 0;
+  axes.forEach((a, i) => { a.x = axes.length > 1 ? left + i * gap : (left + right) / 2; a.scale = new Scale(a.d0, a.d1, bottom, top); });
+  const values = trials.map((t) => t.value);
+  const lo = Math.min(...values), hi = Math.max(...values);
+  // Worst first, so the best lines lie on top.
+  trials.sort((a, b) => (better(a.value, b.value, d.goal) ? 1 : better(b.value, a.value, d.goal) ? -1 : 0));
+  let lines = 0;
+  for (const t of trials) {
+    const pruned = t.state === "pruned";
+    ctx.strokeStyle = pruned ? GREY : objectiveColor(t.value, lo, hi, d.goal);
+    ctx.setLineDash(pruned ? [4, 3] : []);
+    ctx.globalAlpha = t.state === "complete" ? 0.9 : 0.55;
+    ctx.lineWidth = t.number === d.best?.number ? 2.5 : 1.25;
+    ctx.beginPath();
+    let pen = false;
+    for (const a of axes) {
+      const p = a.pos(a.get(t));
+      if (!Number.isFinite(p)) { pen = false; continue; } // a parameter this trial lacks
+      const py = a.scale.map(p);
+      if (pen) ctx.lineTo(a.x, py); else ctx.moveTo(a.x, py);
+      pen = true;
+    }
+    ctx.stroke();
+    lines += 1;
+  }
+  ctx.setLineDash([]);
+  ctx.globalAlpha = 1;
+  // Axes over the lines: a rule, the name above, tick labels beside.
+  ctx.font = FONT;
+  for (const a of axes) {
+    ctx.strokeStyle = colors.text;
+    ctx.lineWidth = 1;
+    ctx.beginPath(); ctx.moveTo(Math.round(a.x) + 0.5, top); ctx.lineTo(Math.round(a.x) + 0.5, bottom); ctx.stroke();
+    ctx.fillStyle = colors.fg;
+    ctx.textAlign = "center";
+    ctx.textBaseline = "bottom";
+    ctx.fillText(clip(ctx, a.label, Math.max(60, gap - 8)), a.x, top - 8);
+    const { ticks, labels } = ticksOf(a, 5);
+    ctx.fillStyle = colors.text;
+    ctx.textAlign = "right";
+    ctx.textBaseline = "middle";
+    ticks.forEach((tk, i) => {
+      const py = a.scale.map(tk);
+      if (py < top - 1 || py > bottom + 1) return;
+      ctx.beginPath(); ctx.moveTo(a.x - 3, py); ctx.lineTo(a.x, py); ctx.stroke();
+      ctx.fillText(clip(ctx, labels[i], 48), a.x - 5, py);
+    });
+  }
+  return lines;
+}
+
+// --- Slices -----------------------------------------------------------------------------------
+
+function paintSlice({ ctx, w, h }, { d, key }, colors) {
+  const trials = d.trials.filter((t) => finite(t.value) && t.params?.[key] !== undefined);
+  if (!trials.length) { note(ctx, w, h, "no objective yet", colors); return 0; }
+  const ax = axisOf(key, trials.map((t) => t.params[key]), d.spec);
+  const oy = objectiveAxis(trials.map((t) => t.value));
+  const yt = valueTicks(oy.d0, oy.d1, LINEAR, Math.max(3, Math.round((h - PAD.top - PAD.bottom) / 36)));
+  const area = { left: leftPad(ctx, yt.labels), top: 8, right: w - 10, bottom: h - PAD.bottom };
+  const x = new Scale(ax.d0, ax.d1, area.left, area.right);
+  const y = new Scale(oy.d0, oy.d1, area.bottom, area.top);
+  const xt = ticksOf(ax, Math.max(2, Math.floor((area.right - area.left) / 70)));
+  drawAxes(ctx, area, { scale: x, ...xt, caption: ax.kind === "number" && ax.transform.log ? "log scale" : "" }, { scale: y, ...yt }, colors);
+  const unclip = clipTo(ctx, area);
+  for (const t of trials) {
+    const complete = t.state === "complete";
+    ctx.globalAlpha = complete ? 0.95 : 0.6;
+    drawMarker(ctx, x.map(ax.pos(t.params[key])), y.map(t.value), t.state === "pruned" ? GREY : colorFor(complete ? 0 : 1), complete ? 3.5 : 2.5);
+  }
+  ctx.globalAlpha = 1;
+  unclip();
+  return trials.length;
+}
+
+// --- Importance -------------------------------------------------------------------------------
+
+function renderImportance(box, importance) {
+  const entries = Object.entries(importance ?? {}).filter(([, v]) => finite(v)).sort((a, b) => b[1] - a[1]);
+  if (!entries.length) {
+    const p = document.createElement("p");
+    p.className = "muted";
+    p.textContent = "Needs a few complete trials.";
+    box.replaceChildren(p);
+    return 0;
+  }
+  const rows = entries.map(([key, share]) => {
+    const row = document.createElement("div");
+    row.className = "imp-row";
+    row.dataset.param = key;
+    const name = document.createElement("span");
+    name.className = "mono";
+    name.textContent = key;
+    const track = document.createElement("span");
+    track.className = "imp-track";
+    const bar = document.createElement("span");
+    bar.className = "imp-bar";
+    bar.style.width = `${Math.max(0, Math.min(1, share)) * 100}%`;
+    bar.style.background = colorFor(0);
+    track.appendChild(bar);
+    const value = document.createElement("span");
+    value.className = "num mono";
+    value.textContent = `${formatValue(share * 100)}%`;
+    row.append(name, track, value);
+    return row;
+  });
+  box.replaceChildren(...rows);
+  return rows.length;
+}
+
+/** Every plot of the sweep page; `update(detail, params)` redraws them and returns the counts. */
+export class SweepPlots {
+  constructor() {
+    this.best = new CanvasPlot(document.getElementById("sweep-best"), paintBest);
+    this.curves = new CanvasPlot(document.getElementById("sweep-curves"), paintCurves);
+    this.parallel = new CanvasPlot(document.getElementById("sweep-parallel"), paintParallel);
+    this.slicesBox = document.getElementById("sweep-slices");
+    this.importanceBox = document.getElementById("sweep-importance");
+    /** Slice plots by parameter key. */
+    this.slices = new Map();
+  }
+
+  /** The slice plots for `params`, made or dropped to match. */
+  sliceFor(key) {
+    let plot = this.slices.get(key);
+    if (!plot) {
+      const card = document.createElement("div");
+      card.className = "slice";
+      card.dataset.param = key;
+      const title = document.createElement("h4");
+      title.className = "mono";
+      title.textContent = key;
+      const box = document.createElement("div");
+      box.className = "chart-box";
+      box.dataset.title = `Objective against ${key}`;
+      card.append(title, box);
+      this.slicesBox.appendChild(card);
+      plot = new CanvasPlot(box, paintSlice);
+      plot.card = card;
+      this.slices.set(key, plot);
+    }
+    return plot;
+  }
+
+  update(detail, params) {
+    for (const [key, plot] of this.slices) {
+      if (!params.includes(key)) { plot.card.remove(); this.slices.delete(key); }
+    }
+    let slices = 0;
+    for (const key of params) if (this.sliceFor(key).update({ d: detail, key }) > 0) slices += 1;
+    return {
+      best: this.best.update(detail),
+      curves: this.curves.update(detail),
+      lines: this.parallel.update({ d: detail, params }),
+      slices,
+      importance: renderImportance(this.importanceBox, detail.importance),
+    };
+  }
+}
