@@ -5,6 +5,7 @@
 // sweep's axes read like every other chart of the dashboard.
 
 import { Scale, LINEAR, LOG10, valueRange, valueTicks, formatValue } from "../chart/scales.js";
+import { objective } from "./table.js";
 import { PAD, PALETTE, colorFor, cssVar, prepareCanvas, leftPad, drawAxes, clipTo, drawLine, drawMarker, FONT } from "../chart/draw.js";
 
 /** Distributions searched on a log scale (docs/sweeps.md, Parameters). */
@@ -26,14 +27,16 @@ function rgb(hex) {
   return [(n >> 16) & 255, (n >> 8) & 255, n & 255];
 }
 
-const GOOD = rgb(PALETTE[0]), BAD = rgb(PALETTE[1]);
+/** The objective's colour ramp, from the palette: blue for the best value seen, gold midway,
+ *  red for the worst. */
+const RAMP = [PALETTE[0], PALETTE[4], PALETTE[6]].map(rgb);
 
-/** The colour of an objective: the palette's first colour for the best value seen, its second
- *  for the worst, mixed between. */
 function objectiveColor(v, lo, hi, goal) {
-  let t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+  let t = hi > lo ? (v - lo) / (hi - lo) : 0;
   if (goal === "maximize") t = 1 - t; // t: 0 = best, 1 = worst
-  const c = GOOD.map((g, i) => Math.round(g + (BAD[i] - g) * t));
+  const [a, b] = t < 0.5 ? [RAMP[0], RAMP[1]] : [RAMP[1], RAMP[2]];
+  const u = t < 0.5 ? t * 2 : (t - 0.5) * 2;
+  const c = a.map((x, i) => Math.round(x + (b[i] - x) * u));
   return `rgb(${c[0]},${c[1]},${c[2]})`;
 }
 
@@ -77,29 +80,41 @@ function note(ctx, w, h, text, colors) {
   ctx.fillText(text, w / 2, h / 2);
 }
 
-/** How a parameter is laid on an axis: numbers (log-scaled when searched so) or categories. */
+/** How a parameter is laid on an axis: a categorical parameter's values in the spec's order
+ *  (every value it may take, so trials to come keep their place), numbers on a linear or, when
+ *  searched so, log scale, and any other values as sorted categories. */
 function axisOf(key, values, spec) {
+  const def = spec?.parameters?.[key];
   const present = values.filter((v) => v !== null && v !== undefined);
-  if (present.length && present.every(finite)) {
-    const dist = spec?.parameters?.[key]?.distribution;
-    const log = LOG_DISTRIBUTIONS.has(dist) && present.every((v) => v > 0);
+  const listed = Array.isArray(def?.values) ? def.values : def && "value" in def && !def.distribution ? [def.value] : null;
+  if (!listed && present.length && present.every(finite)) {
+    const log = LOG_DISTRIBUTIONS.has(def?.distribution) && present.every((v) => v > 0);
     const transform = log ? LOG10 : LINEAR;
     const t = present.map((v) => transform.forward(v));
     const [d0, d1] = valueRange(Math.min(...t), Math.max(...t), transform);
     return { kind: "number", transform, d0, d1, pos: (v) => (finite(v) ? transform.forward(v) : NaN) };
   }
-  const cats = [...new Set(present.map((v) => JSON.stringify(v)))].sort();
+  const cats = (listed ?? []).map((v) => JSON.stringify(v));
+  const extra = [...new Set(present.map((v) => JSON.stringify(v)))].filter((c) => !cats.includes(c)).sort();
+  cats.push(...extra);
   return {
     kind: "category", cats, d0: -0.5, d1: Math.max(0.5, cats.length - 0.5),
     pos: (v) => (v === null || v === undefined ? NaN : cats.indexOf(JSON.stringify(v))),
   };
 }
 
-/** Ticks and labels of an axis laid out by `axisOf`. */
+/** Ticks and labels of an axis laid out by `axisOf`, at most about `count` of them (a log
+ *  axis within two decades offers every 1-2-5 multiple; a narrow plot keeps every k-th). */
 function ticksOf(axis, count) {
-  if (axis.kind === "number") return valueTicks(axis.d0, axis.d1, axis.transform, count);
-  const ticks = axis.cats.map((_, i) => i);
-  return { ticks, labels: axis.cats.map((c) => { const v = JSON.parse(c); return typeof v === "string" ? v : String(v); }) };
+  let ticks, labels;
+  if (axis.kind === "number") ({ ticks, labels } = valueTicks(axis.d0, axis.d1, axis.transform, count));
+  else {
+    ticks = axis.cats.map((_, i) => i);
+    labels = axis.cats.map((c) => { const v = JSON.parse(c); return typeof v === "string" ? v : String(v); });
+  }
+  const every = Math.ceil(ticks.length / Math.max(1, count));
+  if (every <= 1) return { ticks, labels };
+  return { ticks: ticks.filter((_, i) => i % every === 0), labels: labels.filter((_, i) => i % every === 0) };
 }
 
 /** The objective axis over trials' values. */
@@ -200,7 +215,7 @@ function clip(ctx, text, width) {
 }
 
 function paintParallel({ ctx, w, h }, { d, params }, colors) {
-  const trials = d.trials.filter((t) => finite(t.value));
+  const trials = d.trials.filter((t) => finite(objective(t))).map((t) => ({ ...t, value: objective(t) }));
   if (!trials.length || !params.length) { note(ctx, w, h, "No trial has an objective yet", colors); return 0; }
   const axes = params.map((k) => ({ label: k, get: (t) => t.params?.[k], ...axisOf(k, trials.map((t) => t.params?.[k]), d.spec) }));
   axes.push({ label: `${d.metric} (${d.goal})`, get: (t) => t.value, ...objectiveAxis(trials.map((t) => t.value)) });
@@ -259,7 +274,9 @@ function paintParallel({ ctx, w, h }, { d, params }, colors) {
 // --- Slices -----------------------------------------------------------------------------------
 
 function paintSlice({ ctx, w, h }, { d, key }, colors) {
-  const trials = d.trials.filter((t) => finite(t.value) && t.params?.[key] !== undefined);
+  const trials = d.trials
+    .filter((t) => finite(objective(t)) && t.params?.[key] !== undefined)
+    .map((t) => ({ ...t, value: objective(t) }));
   if (!trials.length) { note(ctx, w, h, "no objective yet", colors); return 0; }
   const ax = axisOf(key, trials.map((t) => t.params[key]), d.spec);
   const oy = objectiveAxis(trials.map((t) => t.value));
@@ -267,15 +284,19 @@ function paintSlice({ ctx, w, h }, { d, key }, colors) {
   const area = { left: leftPad(ctx, yt.labels), top: 8, right: w - 10, bottom: h - PAD.bottom };
   const x = new Scale(ax.d0, ax.d1, area.left, area.right);
   const y = new Scale(oy.d0, oy.d1, area.bottom, area.top);
-  const xt = ticksOf(ax, Math.max(2, Math.floor((area.right - area.left) / 70)));
+  const xt = ticksOf(ax, Math.max(2, Math.floor((area.right - area.left) / 55)));
   drawAxes(ctx, area, { scale: x, ...xt, caption: ax.kind === "number" && ax.transform.log ? "log scale" : "" }, { scale: y, ...yt }, colors);
   const unclip = clipTo(ctx, area);
   for (const t of trials) {
-    const complete = t.state === "complete";
-    ctx.globalAlpha = complete ? 0.95 : 0.6;
-    drawMarker(ctx, x.map(ax.pos(t.params[key])), y.map(t.value), t.state === "pruned" ? GREY : colorFor(complete ? 0 : 1), complete ? 3.5 : 2.5);
+    const px = x.map(ax.pos(t.params[key])), py = y.map(t.value);
+    if (t.state === "complete") drawMarker(ctx, px, py, colorFor(0), 3.5);
+    else {
+      // Not a final value (still running, or stopped early): a ring.
+      ctx.strokeStyle = t.state === "pruned" ? GREY : colorFor(0);
+      ctx.lineWidth = 1.5;
+      ctx.beginPath(); ctx.arc(px, py, 3, 0, 2 * Math.PI); ctx.stroke();
+    }
   }
-  ctx.globalAlpha = 1;
   unclip();
   return trials.length;
 }

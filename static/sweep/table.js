@@ -12,6 +12,15 @@ export function paramKeys(detail) {
   return [...keys].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
 }
 
+/** A trial's objective as the page shows it: its value once ended, else the latest point of
+ *  its curve (the server records the value only when the trial ends). */
+export function objective(t) {
+  if (typeof t.value === "number" && Number.isFinite(t.value)) return t.value;
+  const curve = t.curve ?? [];
+  for (let i = curve.length - 1; i >= 0; i--) if (Number.isFinite(curve[i][1])) return curve[i][1];
+  return null;
+}
+
 /** A cell's text: numbers as the server's pages print them (`fmt_value`), missing as a dash. */
 export function cellText(v) {
   if (v === null || v === undefined) return "–";
@@ -26,7 +35,7 @@ function sortValue(t, col) {
     case "number": return t.number;
     case "state": return t.state;
     case "param": return t.params?.[col.param];
-    case "value": return t.value;
+    case "value": return objective(t);
     case "step": return t.step;
     case "next_rung": return t.next_rung;
     case "reason": return t.reason;
@@ -143,7 +152,9 @@ export class TrialsTable {
       st.appendChild(el("span", { class: `badge status-${t.state}` }, t.state));
       tr.appendChild(st);
       for (const p of params) tr.appendChild(el("td", { class: "num mono" }, cellText(t.params?.[p])));
-      tr.appendChild(el("td", { class: "num mono", "data-col": "value" }, cellText(t.value)));
+      const value = el("td", { class: "num mono", "data-col": "value" }, cellText(objective(t)));
+      if (t.value === null || t.value === undefined) { value.classList.add("latest"); value.title = "latest value so far"; }
+      tr.appendChild(value);
       tr.appendChild(el("td", { class: "num", "data-col": "step" }, t.step ?? "–"));
       tr.appendChild(el("td", { class: "num", "data-col": "next_rung" }, t.next_rung ?? "–"));
       tr.appendChild(el("td", { class: "muted" }, t.reason ?? ""));

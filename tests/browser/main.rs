@@ -13,6 +13,7 @@ mod support;
 mod charts;
 mod mlflow;
 mod resume;
+mod sweeps;
 mod teams;
 
 use fantoccini::Locator;

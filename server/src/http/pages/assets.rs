@@ -40,6 +40,9 @@ const ASSETS: &[(&str, &str, &str)] = &[
     asset!("runs.js", JS),
     asset!("compare.js", JS),
     asset!("checkpoints.js", JS),
+    asset!("sweep.js", JS),
+    asset!("sweep/table.js", JS),
+    asset!("sweep/plots.js", JS),
 ];
 
 fn palette_module() -> &'static str {

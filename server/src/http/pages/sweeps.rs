@@ -58,6 +58,8 @@ pub struct TrialLine {
     /// One cell per parameter column, in `SweepPage::params` order.
     pub params: Vec<String>,
     pub value: String,
+    /// `value` is the latest point of a trial that has not ended, not its final value.
+    pub latest: bool,
     pub step: String,
     pub next_rung: String,
     pub reason: String,
@@ -235,7 +237,14 @@ pub(super) async fn sweep_page(
             run_id: t.run_id.clone(),
             state: t.state.as_str(),
             params: params.iter().map(|k| param_cell(t.params.get(k))).collect(),
-            value: t.value.map(fmt_value).unwrap_or_else(|| "–".into()),
+            // The server records a trial's value when it ends; until then the page shows the
+            // latest point of its curve, as static/sweep/table.js does.
+            value: t
+                .value
+                .or_else(|| t.curve.last().map(|p| p[1]))
+                .map(fmt_value)
+                .unwrap_or_else(|| "–".into()),
+            latest: t.value.is_none() && !t.curve.is_empty(),
             step: t.step.map(|s| s.to_string()).unwrap_or_else(|| "–".into()),
             next_rung: t
                 .next_rung
@@ -350,7 +359,10 @@ pub(super) async fn new_sweep_form(
                 metric_keys: &keys,
                 gpus,
             };
-            (spec_around(&around), Some((run.id.clone(), run.name.clone())))
+            (
+                spec_around(&around),
+                Some((run.id.clone(), run.name.clone())),
+            )
         }
     };
     html(SweepNewPage {
@@ -509,10 +521,7 @@ fn spec_around(a: &Around<'_>) -> String {
         })
         .unwrap_or_else(|| "val/loss".into());
     let config_yaml = serde_yaml_ng::to_string(a.config).unwrap_or_default();
-    let config: String = config_yaml
-        .lines()
-        .map(|l| format!("    {l}\n"))
-        .collect();
+    let config: String = config_yaml.lines().map(|l| format!("    {l}\n")).collect();
     let mut params = ranges_around(a.config);
     if params.is_empty() {
         // Nothing numeric to search around: a placeholder the author edits, which still runs.
