@@ -153,7 +153,7 @@ export class TrialsTable {
       tr.appendChild(st);
       for (const p of params) tr.appendChild(el("td", { class: "num mono" }, cellText(t.params?.[p])));
       const value = el("td", { class: "num mono", "data-col": "value" }, cellText(objective(t)));
-      if (t.value === null || t.value === undefined) { value.classList.add("latest"); value.title = "latest value so far"; }
+      if (t.value === null || t.value === undefined) { value.classList.add("latest"); value.title = "latest value reported, not a final value"; }
       tr.appendChild(value);
       tr.appendChild(el("td", { class: "num", "data-col": "step" }, t.step ?? "–"));
       tr.appendChild(el("td", { class: "num", "data-col": "next_rung" }, t.next_rung ?? "–"));

@@ -410,9 +410,15 @@ pub(super) async fn submit_sweep(
         format!("{field}: {message}")
     };
     let line = locate(&f.spec, &field, &message);
+    // The lines around the one at fault, numbered, above the editor: the spec stays editable
+    // in full below.
+    let mut annotated = annotate_yaml(&f.spec, line, &message);
+    if let Some(bad) = line {
+        annotated.retain(|l| l.number.abs_diff(bad) <= EXCERPT_LINES);
+    }
     let page = SweepNewPage {
         nav: "sweeps",
-        annotated: annotate_yaml(&f.spec, line, &message),
+        annotated,
         from: Some((f.from, f.from_name)).filter(|(id, _)| !id.is_empty()),
         spec: f.spec,
         error: Some(message),
@@ -421,6 +427,9 @@ pub(super) async fn submit_sweep(
     };
     Ok((e.status(), Html(page.render()?)).into_response())
 }
+
+/// Lines shown on each side of the line a refusal is located at.
+const EXCERPT_LINES: usize = 3;
 
 /// The 1-based line a YAML syntax message points at (`... at line 3 column 5`).
 fn syntax_line(message: &str) -> Option<usize> {
