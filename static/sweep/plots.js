@@ -27,16 +27,17 @@ function rgb(hex) {
   return [(n >> 16) & 255, (n >> 8) & 255, n & 255];
 }
 
-/** The objective's colour ramp, from the palette: blue for the best value seen, gold midway,
- *  red for the worst. */
-const RAMP = [PALETTE[0], PALETTE[4], PALETTE[6]].map(rgb);
+/** The objective's colour ramp, from the palette: blue for the best value seen, through teal
+ *  and gold, to red for the worst (neighbours mix without passing through grey). */
+const RAMP = [PALETTE[0], PALETTE[5], PALETTE[4], PALETTE[6]].map(rgb);
 
 function objectiveColor(v, lo, hi, goal) {
   let t = hi > lo ? (v - lo) / (hi - lo) : 0;
   if (goal === "maximize") t = 1 - t; // t: 0 = best, 1 = worst
-  const [a, b] = t < 0.5 ? [RAMP[0], RAMP[1]] : [RAMP[1], RAMP[2]];
-  const u = t < 0.5 ? t * 2 : (t - 0.5) * 2;
-  const c = a.map((x, i) => Math.round(x + (b[i] - x) * u));
+  const span = t * (RAMP.length - 1);
+  const i = Math.min(RAMP.length - 2, Math.floor(span));
+  const u = span - i;
+  const c = RAMP[i].map((x, k) => Math.round(x + (RAMP[i + 1][k] - x) * u));
   return `rgb(${c[0]},${c[1]},${c[2]})`;
 }
 

@@ -377,3 +377,122 @@ async fn sweep_around_this_run_prefills_its_config_and_ranges() {
     b.screenshot("sweep-around").await;
     b.close().await;
 }
+
+/// Trials that wait for the test: each runs until the test writes `release` into its run
+/// directory, so the test reports a trial's metric while it runs and then lets it finish.
+const FINISHING_SPEC: &str = "\
+name: finishing-sweep
+experiment: sweeps-ui
+base: {command: \"until [ -f \\\"$TRAINYARD_RUN_DIR/release\\\" ]; do sleep 0.1; done; true\"}
+metric: {name: loss, goal: minimize}
+method: random
+parameters:
+  lr: {distribution: log_uniform, min: 1.0e-4, max: 1.0e-1}
+  dropout: {distribution: uniform, min: 0.0, max: 0.5}
+max_trials: 4
+parallel: 2
+seed: 11
+";
+
+#[tokio::test]
+async fn a_finished_sweep_charts_the_best_so_far_and_the_parameter_importance() {
+    let app = spawn_app().await;
+    let res = app
+        .http
+        .post(app.url("/api/v1/sweeps"))
+        .json(&json!({ "spec": FINISHING_SPEC }))
+        .send()
+        .await
+        .expect("submit");
+    assert_eq!(res.status().as_u16(), 201, "{:?}", res.text().await);
+    let id = res.json::<Value>().await.expect("json")["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    // Each trial reports a loss curve that ends lower the lower its dropout, then finishes.
+    let mut released = std::collections::BTreeSet::new();
+    let mut ends = std::collections::BTreeMap::new();
+    let deadline = Instant::now() + WAIT * 4;
+    let done = loop {
+        let s = sweep(&app, &id).await;
+        if s["state"] == "finished" {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the sweep never finished: {s}");
+        for t in s["trials"].as_array().expect("trials") {
+            let (Some(run_id), true) = (t["run_id"].as_str(), t["state"] == "running") else {
+                continue;
+            };
+            if !released.insert(run_id.to_string()) {
+                continue;
+            }
+            let dropout = t["params"]["dropout"].as_f64().expect("dropout");
+            let end = 1.0 + dropout;
+            let points: Vec<Value> = (0..20)
+                .map(|step| json!({"key": "loss", "step": step, "value": end + f64::from(19 - step) * 0.05}))
+                .collect();
+            app.post_points(run_id, Value::Array(points)).await;
+            ends.insert(t["number"].as_i64().expect("number"), end);
+            std::fs::write(app.data_dir.join("runs").join(run_id).join("release"), "")
+                .expect("release the trial");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let complete = done["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .filter(|t| t["state"] == "complete")
+        .count();
+    assert_eq!(complete, 4, "{done}");
+    let (best_number, _) = ends
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(b.1))
+        .expect("a best trial");
+    assert_eq!(done["best"]["number"], json!(best_number), "{done}");
+
+    let b = browser().await;
+    b.client
+        .goto(&app.url(&format!("/sweeps/{id}")))
+        .await
+        .expect("goto");
+    b.wait_for(
+        "const s = window.__trainyard && window.__trainyard.sweep; \
+         return !!s && s.lastEvent >= 1 && s.state === 'finished'",
+        WAIT,
+    )
+    .await;
+    let hook = b.eval("return window.__trainyard.sweep").await;
+    assert_eq!(hook["rows"], 4, "{hook}");
+    assert_eq!(hook["best"], 4, "a dot per complete trial: {hook}");
+    assert_eq!(hook["curves"], 4, "{hook}");
+    assert_eq!(hook["lines"], 4, "{hook}");
+    assert_eq!(hook["importance"], 2, "a bar per parameter: {hook}");
+    let best_run = done["best"]["run_id"].as_str().expect("best run");
+    let link = b
+        .eval("const a = document.querySelector('#sweep-best-trial a'); return a && a.getAttribute('href')")
+        .await;
+    assert_eq!(link, json!(format!("/runs/{best_run}")));
+    assert_eq!(
+        b.eval("return document.querySelector('#sweep-trial-rows tr.best').dataset.trial")
+            .await,
+        json!(best_number.to_string()),
+        "the best trial's row is marked"
+    );
+    // A bar per parameter, the larger share first.
+    let bars = b
+        .eval("return [...document.querySelectorAll('#sweep-importance .imp-row')].map(r => [r.dataset.param, parseFloat(r.querySelector('.imp-bar').style.width)])")
+        .await;
+    let bars = bars.as_array().expect("bars");
+    let mut names: Vec<&str> = bars.iter().filter_map(|b| b[0].as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["dropout", "lr"], "{bars:?}");
+    assert!(
+        bars[0][1].as_f64() >= bars[1][1].as_f64(),
+        "sorted by share: {bars:?}"
+    );
+    b.eval("document.getElementById('sweep-best').scrollIntoView(); return null")
+        .await;
+    b.screenshot("sweep-finished").await;
+    b.close().await;
+}
