@@ -55,6 +55,8 @@ pub struct SweepSummary {
     pub early_terminate: String,
     pub max_trials: u32,
     pub parallel: u32,
+    /// How many trials are in each state (`counts` in JSON: a sweep's `trials` are the list).
+    #[serde(rename = "counts")]
     pub trials: TrialCounts,
     /// The complete trial with the best objective (pruned trials do not count).
     pub best: Option<BestTrial>,

@@ -9,6 +9,7 @@ mod helpers;
 #[path = "../kit/mod.rs"]
 mod kit;
 mod restart;
+mod sweeps;
 mod trainer;
 
 use std::time::{Duration, Instant};

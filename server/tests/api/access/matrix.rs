@@ -37,6 +37,7 @@ enum Outcome {
 struct World {
     experiment: String,
     run: String,
+    sweep: String,
     callers: Vec<(Role, Auth)>,
 }
 
@@ -166,9 +167,28 @@ async fn world(app: &TestApp) -> World {
         Auth::Bearer(token["secret"].as_str().expect("secret").into()),
     ));
     callers.push((Role::RunToken, Auth::Bearer(run_secret)));
+    // A sweep in the experiment, written to the store directly: no controller runs for it, so
+    // the calls below launch nothing (a resume would, and its command launches are refused).
+    let owner = app
+        .state
+        .store
+        .user_by_name("alice")
+        .await
+        .expect("alice")
+        .expect("alice exists");
+    let spec = json!({"name": "matrix", "base": {"command": "true"}, "method": "random",
+        "metric": {"name": "loss"}, "max_trials": 1,
+        "parameters": {"x": {"values": [1, 2]}}});
+    let sweep = app
+        .state
+        .store
+        .create_sweep(&experiment, "matrix", &spec, Some(&owner.id))
+        .await
+        .expect("sweep");
     World {
         experiment,
         run: run_id,
+        sweep: sweep.id,
         callers,
     }
 }
@@ -202,6 +222,8 @@ fn concrete(pattern: &str, w: &World) -> String {
     }
     let id = if pattern.contains("/experiments/{id}") {
         w.experiment.as_str()
+    } else if pattern.contains("/sweeps/{id}") {
+        w.sweep.as_str()
     } else if pattern.contains("/teams/{id}") {
         "others"
     } else if pattern.contains("/tokens/{id}") {
@@ -261,7 +283,7 @@ fn expected(rule: Rule, role: Role, write: bool, run_named: bool) -> Outcome {
         Rule::SignedIn => return Outcome::Allowed,
         Rule::Admin if role == Role::Admin => return Outcome::Allowed,
         Rule::Admin => return Outcome::Forbidden,
-        Rule::Run(level) | Rule::Experiment(level) => level,
+        Rule::Run(level) | Rule::Experiment(level) | Rule::Sweep(level) => level,
         Rule::Report => Level::Edit,
     };
     let have = role.level();
@@ -380,6 +402,7 @@ async fn outcome(
             format!("run `{}` not found", w.run),
             format!("experiment `{}` not found", w.experiment),
             "experiment `shared` not found".to_owned(),
+            format!("sweep `{}` not found", w.sweep),
         ]
         .contains(&message);
     let got = match status {
@@ -441,6 +464,7 @@ async fn every_route_answers_each_role_as_its_rule_says(app: &TestApp) {
                 fresh = World {
                     run: disposable_run(app, &w).await,
                     experiment: w.experiment.clone(),
+                    sweep: w.sweep.clone(),
                     callers: Vec::new(),
                 };
                 &fresh
