@@ -116,9 +116,8 @@ function controls(d) {
 
 function render(d) {
   current = d;
-  // The summary's counts object shares the name `trials` with the list of trials in the
-  // flattened JSON, where the list wins; the page counts the list itself.
-  d.trials_counts = countTrials(d.trials ?? []);
+  // The server's counts (`counts`), else counted here from the list.
+  d.trials_counts = d.counts ?? countTrials(d.trials ?? []);
   header(d);
   hook.rows = table.render(d);
   const counts = plots.update(d, paramKeys(d));
