@@ -9,7 +9,7 @@ CREATE TABLE sweeps (
     name          TEXT NOT NULL,
     -- The current version's spec, as JSON.
     spec          TEXT NOT NULL,
-    version       INTEGER NOT NULL,
+    version       BIGINT NOT NULL,
     -- running | paused | finished | stopped
     state         TEXT NOT NULL,
     -- Why it is in its state (finished: budget spent; stopped: by whom).
@@ -23,7 +23,7 @@ CREATE INDEX sweeps_experiment_idx ON sweeps (experiment_id, created_at);
 
 CREATE TABLE sweep_versions (
     sweep_id   TEXT NOT NULL REFERENCES sweeps(id) ON DELETE CASCADE,
-    version    INTEGER NOT NULL,
+    version    BIGINT NOT NULL,
     spec       TEXT NOT NULL,
     -- What changed from the version before, as a JSON list of sentences.
     changes    TEXT NOT NULL,
@@ -34,7 +34,7 @@ CREATE TABLE sweep_versions (
 
 CREATE TABLE sweep_trials (
     sweep_id   TEXT NOT NULL REFERENCES sweeps(id) ON DELETE CASCADE,
-    number     INTEGER NOT NULL,
+    number     BIGINT NOT NULL,
     run_id     TEXT NULL,
     -- The suggested parameters, as a JSON object of config key to value.
     params     TEXT NOT NULL,
@@ -46,7 +46,7 @@ CREATE TABLE sweep_trials (
     step       BIGINT NULL,
     -- The early-stopping rule's records (JSON object: rung -> value).
     rungs      TEXT NOT NULL,
-    bracket    INTEGER NULL,
+    bracket    BIGINT NULL,
     reason     TEXT NULL,
     created_at BIGINT NOT NULL,
     ended_at   BIGINT NULL,

@@ -85,8 +85,15 @@ fn check_configs(spec: &SweepSpec) -> Result<(), Invalid> {
         return Ok(());
     }
     let base = base_request(spec);
-    launch::resolve_config(&base)
-        .map_err(|e| Invalid::new(format!("base.{}", e.field), e.message))?;
+    launch::resolve_config(&base).map_err(|e| {
+        // A key of the base's overrides is named where it was written.
+        let field = if spec.base.overrides.contains_key(&e.field) {
+            format!("base.overrides.{}", e.field)
+        } else {
+            format!("base.{}", e.field)
+        };
+        Invalid::new(field, e.message)
+    })?;
     for (key, value) in spec.probe_values() {
         let mut req = base_request(spec);
         req.overrides.insert(key.clone(), value.clone());

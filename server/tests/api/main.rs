@@ -25,3 +25,4 @@ mod mlflow;
 mod openapi;
 mod runs;
 mod search_keys;
+mod sweeps;
