@@ -60,6 +60,29 @@ from mlflow.entities import Metric, Param, RunTag, ViewType  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.utils.credentials import get_default_host_creds  # noqa: E402
 from mlflow.utils.rest_utils import http_request, verify_rest_response  # noqa: E402
+import mlflow.utils.request_utils as _request_utils  # noqa: E402
+from urllib3.util.retry import Retry  # noqa: E402
+
+# A pooled keep-alive connection can be closed by the server (its idle timeout) just as the
+# client reuses it; every HTTP client retries such a request on a fresh connection (MLflow's
+# default retries do). With retries at 0 above, the client would report that as a failure, so
+# connection errors alone are retried here, a few times; statuses are never retried, so a wrong
+# status still fails at once. (Metric and tag writes are idempotent, so a retried POST is safe.)
+_CONNECTION_RETRY = Retry(
+    total=3, connect=3, read=3, status=0, other=0, redirect=0,
+    allowed_methods=None, raise_on_status=False, backoff_factor=0.05,
+)
+_session_for = _request_utils._get_request_session
+
+
+def _session_retrying_connections(*args, **kwargs):
+    session = _session_for(*args, **kwargs)
+    for adapter in session.adapters.values():
+        adapter.max_retries = _CONNECTION_RETRY
+    return session
+
+
+_request_utils._get_request_session = _session_retrying_connections
 
 # The client checks run IDs against this pattern (mlflow/utils/validation.py).
 RUN_ID_RE = re.compile(r"^[a-zA-Z0-9][\w\-]{0,255}$")
