@@ -209,7 +209,7 @@ mod tests {
     #[test]
     fn a_valid_space_passes() {
         let s = spec(
-            "base: {profile: tiny}\nparameters:\n  training.learning_rate: {distribution: log_uniform, min: 0.0001, max: 0.01}\n",
+            "base: {profile: tiny}\nparameters:\n  training.learning_rate: {distribution: log_uniform, min: 0.001, max: 0.01}\n",
         );
         check_configs(&s).expect("valid");
     }

@@ -315,3 +315,79 @@ async fn a_sweep_survives_a_server_sigkill_with_no_trial_lost_or_launched_twice(
     // No run of the sweep outside its trials: nothing was launched twice.
     assert_eq!(runs.len(), 6, "{runs:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainyard_sweep_submit_follows_a_sweep_to_its_end_and_names_the_key_of_a_refused_spec() {
+    let app = spawn_app(&[], 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    // Each trial reports `loss` = its x, once.
+    let report = script(
+        dir.path(),
+        "report.sh",
+        r#"x="${1#--x=}"
+curl -sf -X POST "$TRAINYARD_SERVER_URL/api/v1/runs/$TRAINYARD_RUN_ID/metrics" \
+  -H 'content-type: application/json' \
+  -d "{\"points\": [{\"key\": \"loss\", \"step\": 0, \"value\": $x}]}" >/dev/null"#,
+    );
+    let file = dir.path().join("sweep.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "name: cli\nexperiment: sweeps\nbase: {{command: [sh, {}]}}\nmetric: {{name: loss}}\n\
+             method: grid\nparallel: 2\nparameters:\n  x: {{values: [3, 1, 2]}}\n",
+            report.display()
+        ),
+    )
+    .unwrap();
+    let address = app.address.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(TRAINYARD)
+            .args(["sweep", "submit"])
+            .arg(&file)
+            .args(["--server", &address, "--follow"])
+            .env_remove("TRAINYARD_TOKEN")
+            .output()
+            .expect("run trainyard sweep")
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.lines().next().unwrap().starts_with("sweep "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("trial 1 complete x=1"), "{stdout}");
+    assert!(
+        stderr.contains("finished: best trial 1 loss = 1"),
+        "{stderr}"
+    );
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "name: bad\nbase: {profile: tiny}\nmetric: {name: val/loss}\nmethod: random\nmax_trials: 2\n\
+         parameters:\n  training.learning_rate: {distribution: log_uniform, min: 0, max: 1}\n",
+    )
+    .unwrap();
+    let address = app.address.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(TRAINYARD)
+            .args(["sweep", "submit"])
+            .arg(&bad)
+            .args(["--server", &address])
+            .output()
+            .expect("run trainyard sweep")
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("400") && stderr.contains("parameters.training.learning_rate.min"),
+        "{stderr}"
+    );
+}
