@@ -13,6 +13,7 @@ pub mod compare;
 pub mod launch;
 pub mod run;
 pub mod runs;
+mod sweep_around;
 pub mod sweeps;
 pub mod views;
 
