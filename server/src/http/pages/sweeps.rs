@@ -453,7 +453,6 @@ fn locate(spec: &str, field: &str, message: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn the_example_spec_parses() {
