@@ -73,6 +73,11 @@ echo "==> Postgres tests use $TEST_DATABASE_URL"
 
 ensure_browser
 
+# The Slurm executor's tests submit jobs to a real one-node cluster (munge, slurmctld, slurmd,
+# started here without systemd); never skipped: the script fails when Slurm does not come up.
+echo "==> Slurm"
+scripts/slurm-up.sh
+
 # The MLflow compatibility tests drive the official `mlflow` Python client (pinned there).
 echo "==> MLflow client"
 TRAINYARD_MLFLOW_PYTHON="$(scripts/mlflow-venv.sh | tail -n 1)"

@@ -114,6 +114,83 @@ pub struct ServeArgs {
     #[arg(long, env = "TRAINYARD_SESSION_MAX_DAYS", default_value_t = 7,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub session_max_days: u64,
+    /// Boxed: the Slurm flags would make `serve`'s arguments much larger than every other
+    /// subcommand's.
+    #[command(flatten)]
+    pub slurm: Box<SlurmArgs>,
+}
+
+/// Where launched runs execute, and the Slurm executor's defaults (docs/slurm.md).
+#[derive(Debug, Clone, Args)]
+pub struct SlurmArgs {
+    /// Where launched runs execute unless their request says (`resources.executor`): `local`
+    /// (this machine) or `slurm` (submitted with sbatch to the cluster this machine can reach).
+    #[arg(long, env = "TRAINYARD_EXECUTOR", default_value = "local", value_parser = parse_executor)]
+    pub executor: crate::launcher::slurm::Executor,
+    /// Let a request choose `resources.executor: slurm` while --executor stays `local`.
+    #[arg(long, env = "TRAINYARD_ALLOW_SLURM")]
+    pub allow_slurm: bool,
+    /// Default Slurm partition of Slurm runs (checked against `sinfo` at launch).
+    #[arg(long, env = "TRAINYARD_SLURM_PARTITION")]
+    pub slurm_partition: Option<String>,
+    /// Default Slurm account.
+    #[arg(long, env = "TRAINYARD_SLURM_ACCOUNT")]
+    pub slurm_account: Option<String>,
+    /// Default Slurm QoS.
+    #[arg(long, env = "TRAINYARD_SLURM_QOS")]
+    pub slurm_qos: Option<String>,
+    /// Default time limit of a Slurm job (`4:00:00`, `1-00:00:00`).
+    #[arg(long, env = "TRAINYARD_SLURM_TIME")]
+    pub slurm_time: Option<String>,
+    /// Default GPUs per Slurm job (`--gres=gpu:N`) [default: the run's `resources.gpus`].
+    #[arg(long, env = "TRAINYARD_SLURM_GPUS")]
+    pub slurm_gpus: Option<u32>,
+    /// Default CPUs per Slurm job (`--cpus-per-task`).
+    #[arg(long, env = "TRAINYARD_SLURM_CPUS")]
+    pub slurm_cpus: Option<u32>,
+    /// Default memory per Slurm job (`--mem`, e.g. `32G`).
+    #[arg(long, env = "TRAINYARD_SLURM_MEM")]
+    pub slurm_mem: Option<String>,
+    /// More `#SBATCH` options for every Slurm job (repeatable), e.g. `--constraint=a100`.
+    #[arg(
+        long = "slurm-extra",
+        env = "TRAINYARD_SLURM_EXTRA",
+        value_delimiter = ';'
+    )]
+    pub slurm_extra: Vec<String>,
+    /// The URL Slurm jobs report to, when the compute nodes reach this server by another name
+    /// than its listening address, e.g. `http://trainyard-host:8080`.
+    #[arg(long, env = "TRAINYARD_SLURM_SERVER_URL")]
+    pub slurm_server_url: Option<String>,
+}
+
+fn parse_executor(text: &str) -> Result<crate::launcher::slurm::Executor, String> {
+    crate::launcher::slurm::Executor::parse(text)
+        .ok_or_else(|| format!("expected local or slurm, not `{text}`"))
+}
+
+impl SlurmArgs {
+    /// The executor settings, the defaults checked as a request's options are.
+    pub fn apply(self, launcher: &mut crate::launcher::LauncherSettings) -> anyhow::Result<()> {
+        let defaults = crate::launcher::slurm::SlurmOptions {
+            partition: self.slurm_partition,
+            account: self.slurm_account,
+            qos: self.slurm_qos,
+            time: self.slurm_time,
+            gpus: self.slurm_gpus,
+            cpus: self.slurm_cpus,
+            mem: self.slurm_mem,
+            extra: self.slurm_extra,
+        };
+        defaults
+            .validate("--slurm")
+            .map_err(|e| anyhow::anyhow!("{}", e.message.replace("--slurm.", "--slurm-")))?;
+        launcher.executor = self.executor;
+        launcher.slurm.allowed = self.allow_slurm;
+        launcher.slurm.defaults = defaults;
+        launcher.slurm.server_url = self.slurm_server_url.filter(|u| !u.is_empty());
+        Ok(())
+    }
 }
 
 fn parse_default_level(text: &str) -> Result<Level, String> {
@@ -133,6 +210,7 @@ impl ServeArgs {
         }
         launcher.cpu_slots = self.cpu_slots;
         launcher.stop_grace = std::time::Duration::from_secs(self.stop_grace_secs);
+        (*self.slurm).clone().apply(&mut launcher)?;
         Ok(Settings {
             launcher,
             addr: self.addr,

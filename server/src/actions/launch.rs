@@ -29,6 +29,14 @@ pub struct Resources {
     /// Whole GPUs (0 = a CPU slot).
     #[serde(default)]
     pub gpus: usize,
+    /// `local` (this server's machine) or `slurm` (a Slurm cluster); unset: the server's
+    /// `--executor`.
+    #[serde(default)]
+    pub executor: Option<crate::launcher::slurm::Executor>,
+    /// A Slurm run's options (partition, account, QoS, time limit, GPUs, CPUs, memory, extra
+    /// `#SBATCH` lines); unset fields take the server's `--slurm-...` defaults.
+    #[serde(default)]
+    pub slurm: Option<crate::launcher::slurm::SlurmOptions>,
 }
 
 /// A custom entrypoint: a shell command line or an argv list.
@@ -259,8 +267,14 @@ pub async fn launch_run(
         command,
         config: config.clone(),
         env: std::mem::take(&mut req.env),
+        executor: req.resources.as_ref().and_then(|r| r.executor),
+        slurm: req
+            .resources
+            .as_ref()
+            .and_then(|r| r.slurm.clone())
+            .unwrap_or_default(),
     };
-    state.launcher.check(&spec)?;
+    state.launcher.admit(&spec).await?;
     let experiment_id =
         crate::access::experiment_for_new_run(state, principal, Some(experiment.as_str())).await?;
     let new = NewRun {

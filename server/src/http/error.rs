@@ -262,6 +262,11 @@ impl From<crate::launcher::LaunchError> for ApiError {
                 field: None,
                 message: e.to_string(),
             },
+            LaunchError::Invalid(invalid) => invalid.into(),
+            LaunchError::SlurmUnavailable(message) => ApiError::Unavailable {
+                message,
+                retry_after: 10,
+            },
             LaunchError::Store(s) => s.into(),
             LaunchError::Io(io) => ApiError::Internal(io.into()),
         }

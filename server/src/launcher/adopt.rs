@@ -22,6 +22,13 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> anyhow::Result<()> {
         let Ok(record) = LaunchRecord::load(&dir) else {
             continue;
         };
+        if record.executor == super::slurm::Executor::Slurm {
+            // Slurm keeps its own queue: its job (or the lack of one) tells what to do, even for
+            // a job that ended while this server was down.
+            tracing::info!(run = %run.id, job = ?record.slurm.as_ref().and_then(|s| s.current_job.as_deref()), "re-adopting a Slurm run");
+            super::slurm::follow(inner, &run.id);
+            continue;
+        }
         match (run.status, record.process) {
             (RunStatus::Running, Some(proc_rec)) => {
                 let assignment = Assignment {

@@ -12,6 +12,7 @@ pub mod hooks;
 pub mod logs;
 pub mod process;
 pub mod queue;
+pub mod slurm;
 pub mod supervise;
 pub mod sysmetrics;
 
@@ -44,6 +45,10 @@ pub struct LauncherSettings {
     pub sys_metrics_interval: Duration,
     /// How often a re-adopted (not our child) process is checked.
     pub poll_interval: Duration,
+    /// Where runs execute unless their request says (`serve --executor`).
+    pub executor: slurm::Executor,
+    /// The Slurm executor's defaults and polling.
+    pub slurm: slurm::SlurmSettings,
 }
 
 impl LauncherSettings {
@@ -56,6 +61,8 @@ impl LauncherSettings {
             trainer_bin: None,
             sys_metrics_interval: Duration::from_secs(5),
             poll_interval: Duration::from_millis(250),
+            executor: slurm::Executor::Local,
+            slurm: slurm::SlurmSettings::default(),
         }
     }
 }
@@ -86,6 +93,10 @@ pub struct LaunchSpec {
     /// Variables set for the process beside Trainyard's own (a sweep trial's
     /// `TRAINYARD_PARAMS`).
     pub env: std::collections::BTreeMap<String, String>,
+    /// `resources.executor`; None: the server's (`serve --executor`).
+    pub executor: Option<slurm::Executor>,
+    /// `resources.slurm`, over the server's defaults for a Slurm run.
+    pub slurm: slurm::SlurmOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +111,12 @@ pub enum LaunchError {
     NotLaunched(String),
     #[error("this run cannot be resumed: {0}")]
     NotResumable(String),
+    /// A launch request value that cannot work (a Slurm option, an unknown partition).
+    #[error("{}", .0.message)]
+    Invalid(crate::validate::Invalid),
+    /// Slurm does not answer, so the request cannot be checked or submitted now.
+    #[error("{0}")]
+    SlurmUnavailable(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("launcher I/O: {0}")]
@@ -140,6 +157,8 @@ pub(crate) struct Inner {
     /// Whether each attempt gets a run-scoped token (`TRAINYARD_TOKEN`): when the server
     /// controls access, a run may report itself and nothing else.
     pub run_tokens: bool,
+    /// The Slurm commands (used by Slurm runs only).
+    pub slurm: slurm::commands::Slurm,
 }
 
 impl Inner {
@@ -208,6 +227,7 @@ impl Launcher {
                 logs: logs::LogHub::default(),
                 server_url: OnceLock::new(),
                 run_tokens: false,
+                slurm: slurm::commands::Slurm::new(Arc::new(slurm::commands::System)),
             }),
         }
     }
@@ -225,6 +245,9 @@ impl Launcher {
     /// queued runs, and starts dispatching. Runs launched before `start` wait in the queue.
     pub async fn start(&self, server_url: String) -> anyhow::Result<()> {
         let _ = self.inner.server_url.set(server_url);
+        if self.inner.settings.executor == slurm::Executor::Slurm {
+            slurm::check_cluster(&self.inner.slurm, &self.inner.settings.data_dir).await?;
+        }
         adopt::recover(&self.inner).await?;
         let inner = self.inner.clone();
         tokio::spawn(supervise::dispatch_loop(inner));
@@ -257,7 +280,77 @@ impl Launcher {
         if spec.command.is_none() && spec.config.is_none() {
             return Err(LaunchError::NothingToRun);
         }
-        self.check_gpus(spec.gpus)
+        match self.executor_of(spec) {
+            slurm::Executor::Local if spec.slurm != slurm::SlurmOptions::default() => {
+                Err(LaunchError::Invalid(crate::validate::Invalid::new(
+                    "resources.slurm",
+                    "resources.slurm applies to Slurm runs only; this run executes on the \
+                     server's machine (set resources.executor to `slurm`)",
+                )))
+            }
+            slurm::Executor::Local => self.check_gpus(spec.gpus),
+            slurm::Executor::Slurm
+                if self.inner.settings.executor != slurm::Executor::Slurm
+                    && !self.inner.settings.slurm.allowed =>
+            {
+                Err(LaunchError::Invalid(crate::validate::Invalid::new(
+                    "resources.executor",
+                    "this server does not send runs to Slurm; an operator can turn it on with \
+                     `trainyard serve --executor slurm` (or --allow-slurm to keep local runs \
+                     the default)",
+                )))
+            }
+            // The cluster's GPUs are Slurm's to count.
+            slurm::Executor::Slurm => spec
+                .slurm
+                .validate("resources.slurm")
+                .map_err(LaunchError::Invalid),
+        }
+    }
+
+    /// `check`, and for a Slurm run whether the cluster has its partition (`sinfo`).
+    pub async fn admit(&self, spec: &LaunchSpec) -> Result<(), LaunchError> {
+        self.check(spec)?;
+        if self.executor_of(spec) != slurm::Executor::Slurm {
+            return Ok(());
+        }
+        let options = self.slurm_options(spec);
+        let Some(wanted) = &options.partition else {
+            return Ok(());
+        };
+        let known = self.inner.slurm.partitions().await.map_err(|e| {
+            LaunchError::SlurmUnavailable(format!("cannot ask Slurm for its partitions: {e}"))
+        })?;
+        // `a,b` lets Slurm pick the first partition that can run the job: each must exist.
+        for name in wanted.split(',') {
+            if !known.iter().any(|k| k == name) {
+                let field = if spec.slurm.partition.is_some() {
+                    "resources.slurm.partition"
+                } else {
+                    "--slurm-partition"
+                };
+                return Err(LaunchError::Invalid(crate::validate::Invalid::new(
+                    field,
+                    format!(
+                        "the Slurm cluster has no partition `{name}`; it has {}",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn executor_of(&self, spec: &LaunchSpec) -> slurm::Executor {
+        spec.executor.unwrap_or(self.inner.settings.executor)
+    }
+
+    fn slurm_options(&self, spec: &LaunchSpec) -> slurm::SlurmOptions {
+        spec.slurm.over(&self.inner.settings.slurm.defaults)
     }
 
     /// Whether this server has `gpus` GPUs (0 asks for a CPU slot).
@@ -276,10 +369,21 @@ impl Launcher {
     #[tracing::instrument(skip(self, new, spec), fields(gpus = spec.gpus))]
     pub async fn launch(&self, mut new: NewRun, spec: LaunchSpec) -> Result<Run, LaunchError> {
         self.check(&spec)?;
+        let executor = self.executor_of(&spec);
+        let slurm_record = (executor == slurm::Executor::Slurm).then(|| slurm::SlurmRecord {
+            options: self.slurm_options(&spec),
+            ..Default::default()
+        });
         new.status = Some(RunStatus::Queued);
         new.tags
             .entry("trainyard.launcher".into())
-            .or_insert_with(|| "local".into());
+            .or_insert_with(|| executor.as_str().into());
+        if let Some(p) = slurm_record
+            .as_ref()
+            .and_then(|s| s.options.partition.clone())
+        {
+            new.tags.insert(slurm::PARTITION_TAG.into(), p);
+        }
         let run = self.inner.store.create_run(new).await?;
         let dir = self.inner.run_dir(&run.id);
         let record = LaunchRecord {
@@ -292,6 +396,8 @@ impl Launcher {
             resume_from: None,
             attempts_before_resume: 0,
             env: spec.env,
+            executor,
+            slurm: slurm_record,
         };
         let config = spec.config;
         let dir2 = dir.clone();
@@ -322,6 +428,10 @@ impl Launcher {
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             return Ok(self.inner.store.get_run(&run.id).await?);
         }
+        if executor == slurm::Executor::Slurm {
+            slurm::follow(&self.inner, &run.id);
+            return Ok(run);
+        }
         self.inner.state().sched.enqueue(run.id.clone(), spec.gpus);
         self.inner.wake.notify_one();
         Ok(run)
@@ -339,6 +449,11 @@ impl Launcher {
         // The marker goes first: a supervisor that records its new pid after we look sees the
         // marker and signals by itself, so a stop during a spawn is never lost.
         std::fs::write(dir.join(STOP_FILE), b"")?;
+        if let Ok(record) = LaunchRecord::load(&dir) {
+            if record.executor == slurm::Executor::Slurm {
+                return self.stop_slurm(run_id, &record).await;
+            }
+        }
         let (was_queued, active) = {
             let mut st = self.inner.state();
             let was_queued = st.sched.remove(run_id);
@@ -367,6 +482,23 @@ impl Launcher {
         Ok(StopOutcome::Stopping)
     }
 
+    /// A Slurm run: its job is cancelled (SIGTERM first); one not submitted yet never will be.
+    async fn stop_slurm(
+        &self,
+        run_id: &str,
+        record: &LaunchRecord,
+    ) -> Result<StopOutcome, LaunchError> {
+        let followed = self.inner.state().active.contains_key(run_id);
+        if !followed {
+            let _ = std::fs::remove_file(self.inner.run_dir(run_id).join(STOP_FILE));
+            return Err(LaunchError::NotActive(run_id.to_string()));
+        }
+        if let Some(job) = record.slurm.as_ref().and_then(|s| s.current_job.as_deref()) {
+            slurm::stop_job(&self.inner, run_id, job);
+        }
+        Ok(StopOutcome::Stopping)
+    }
+
     /// Puts an ended run that this server launched back in line, to continue from `checkpoint`
     /// (a directory of its own) as a new attempt of the same run, on `gpus` GPUs (None: as
     /// before). The run must have ended (finished, failed, stopped or lost).
@@ -387,7 +519,10 @@ impl Launcher {
             ));
         }
         let gpus = gpus.unwrap_or(record.gpus_requested);
-        self.check_gpus(gpus)?;
+        let on_slurm = record.executor == slurm::Executor::Slurm;
+        if !on_slurm {
+            self.check_gpus(gpus)?;
+        }
         let status = self.inner.store.get_run(run_id).await?.status;
         if !(status.is_terminal() || status == RunStatus::Lost) {
             return Err(LaunchError::NotResumable(format!(
@@ -398,6 +533,9 @@ impl Launcher {
         record.attempts_before_resume = record.attempts;
         record.gpus_requested = gpus;
         record.process = None;
+        if let Some(s) = record.slurm.as_mut() {
+            s.current_job = None;
+        }
         let _ = std::fs::remove_file(dir.join(STOP_FILE));
         record.save(&dir)?;
         self.inner
@@ -410,8 +548,12 @@ impl Launcher {
             )
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        self.inner.state().sched.enqueue(run_id.to_string(), gpus);
-        self.inner.wake.notify_one();
+        if on_slurm {
+            slurm::follow(&self.inner, run_id);
+        } else {
+            self.inner.state().sched.enqueue(run_id.to_string(), gpus);
+            self.inner.wake.notify_one();
+        }
         Ok(self.inner.store.get_run(run_id).await?)
     }
 

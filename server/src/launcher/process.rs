@@ -46,6 +46,12 @@ pub struct LaunchRecord {
     /// Extra variables for the process (a sweep trial's parameters).
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// Where the run executes (a record written before Slurm existed is local).
+    #[serde(default)]
+    pub executor: super::slurm::Executor,
+    /// A Slurm run's options and job ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<super::slurm::SlurmRecord>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -361,6 +367,12 @@ mod tests {
             resume_from: Some(dir.path().join("checkpoints/step-000010")),
             attempts_before_resume: 1,
             env: [("TRAINYARD_PARAMS".to_string(), "{}".to_string())].into(),
+            executor: crate::launcher::slurm::Executor::Slurm,
+            slurm: Some(crate::launcher::slurm::SlurmRecord {
+                jobs: vec!["41".into(), "42".into()],
+                current_job: Some("42".into()),
+                ..Default::default()
+            }),
         };
         rec.save(dir.path()).unwrap();
         assert_eq!(LaunchRecord::load(dir.path()).unwrap(), rec);

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 /// Log lines kept on a failed run's exit info, and at most this many bytes of them (the exit
 /// info shows in every run listing; one runaway line must not make it huge).
-const TAIL_LINES: usize = 20;
-const TAIL_BYTES: usize = 4 * 1024;
-const LOG_POLL: Duration = Duration::from_millis(200);
+pub(crate) const TAIL_LINES: usize = 20;
+pub(crate) const TAIL_BYTES: usize = 4 * 1024;
+pub(crate) const LOG_POLL: Duration = Duration::from_millis(200);
 
 /// Starts queued runs whenever slots free up; runs for the server's lifetime.
 pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
@@ -54,19 +54,19 @@ pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
 }
 
 /// How the process ended, for a run whose trainer already reported its own final status.
-async fn record_exit(inner: &Inner, run_id: &str, exit: ExitInfo) {
+pub(crate) async fn record_exit(inner: &Inner, run_id: &str, exit: ExitInfo) {
     if let Err(e) = inner.store.set_exit(run_id, Some(exit)).await {
         tracing::warn!(run = %run_id, error = %e, "could not record how the process ended");
     }
 }
 
-async fn record_exit_cleared(inner: &Inner, run_id: &str) {
+pub(crate) async fn record_exit_cleared(inner: &Inner, run_id: &str) {
     if let Err(e) = inner.store.set_exit(run_id, None).await {
         tracing::warn!(run = %run_id, error = %e, "could not clear the previous exit");
     }
 }
 
-async fn record_status(
+pub(crate) async fn record_status(
     inner: &Inner,
     run_id: &str,
     status: RunStatus,
@@ -227,7 +227,7 @@ async fn supervise_attempts(
 }
 
 /// The last `max` bytes of `text`, cut at a character boundary.
-fn last_bytes(text: &str, max: usize) -> &str {
+pub(crate) fn last_bytes(text: &str, max: usize) -> &str {
     let mut start = text.len().saturating_sub(max);
     while !text.is_char_boundary(start) {
         start += 1;
@@ -235,7 +235,7 @@ fn last_bytes(text: &str, max: usize) -> &str {
     &text[start..]
 }
 
-fn exit_info(outcome: &Outcome, tail: &str) -> ExitInfo {
+pub(crate) fn exit_info(outcome: &Outcome, tail: &str) -> ExitInfo {
     let (exit_code, signal) = match outcome {
         Outcome::Exited(c) => (Some(*c), None),
         Outcome::Signaled(s) => (None, Some(*s)),
@@ -426,7 +426,7 @@ async fn watch(
 }
 
 /// The newest step checkpoint of the run, if it has one.
-fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
+pub(crate) fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
     let latest = crate::checkpoints::resolve(run_dir, &crate::checkpoints::ResumePoint::Latest);
     latest.ok().map(|(_, dir)| dir)
 }
@@ -461,7 +461,7 @@ pub(crate) fn terminate(inner: &Arc<Inner>, run_id: &str, pgid: i32, start_time:
 /// its last batch is in flight can leave the tail unsent. The file has every step, so after
 /// every attempt its points are sent again; writes are idempotent on (run, key, step), so what
 /// the server already has is untouched.
-async fn backfill_metrics(inner: &Inner, run_id: &str, dir: &Path) {
+pub(crate) async fn backfill_metrics(inner: &Inner, run_id: &str, dir: &Path) {
     let path = dir.join(METRICS_FILE);
     let lines = tokio::task::spawn_blocking(move || {
         let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -156,6 +156,7 @@ pub fn trial_request(
     ]);
     req.resources = Some(Resources {
         gpus: spec.resources.gpus,
+        ..Resources::default()
     });
     let args: Vec<String> = params
         .iter()

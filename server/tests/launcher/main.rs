@@ -9,6 +9,7 @@ mod helpers;
 #[path = "../kit/mod.rs"]
 mod kit;
 mod restart;
+mod slurm;
 mod sweeps;
 mod trainer;
 

@@ -166,6 +166,16 @@ pub async fn resume(
     ApiJson(body): ApiJson<ResumeRequest>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
     let point = body.point()?;
+    if let Some(r) = &body.resources {
+        // A resumed run stays where it ran: its executor and Slurm options are its own.
+        if r.executor.is_some() || r.slurm.is_some() {
+            return Err(Invalid::new(
+                "resources",
+                "a resumed run keeps its executor and Slurm options; only resources.gpus can change",
+            )
+            .into());
+        }
+    }
     let gpus = body.resources.map(|r| r.gpus);
     let run = crate::actions::resume_run(&state, &actor, &id, point, gpus).await?;
     Ok((StatusCode::ACCEPTED, Json(run)))

@@ -40,7 +40,10 @@ pub fn launch_request(
         experiment: Some(experiment.to_string()),
         name: Some(name.to_string()).filter(|n| !n.trim().is_empty()),
         config: Some(config),
-        resources: Some(Resources { gpus }),
+        resources: Some(Resources {
+            gpus,
+            ..Resources::default()
+        }),
         ..Default::default()
     }
 }

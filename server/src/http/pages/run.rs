@@ -81,6 +81,7 @@ pub(super) async fn run_page(
             exit,
             tags: tag_labels(&run.tags),
             notes: run.notes.clone(),
+            executor: executor_label(&run.tags),
         },
         heatmaps: heatmap_cards(&keys),
         charts,
@@ -291,4 +292,26 @@ pub(super) async fn artifact(
     crate::http::mlflow::serve_file(&root, &rel)
         .await
         .map_err(|_| not_found())
+}
+
+/// Where a launched run executes, from the launcher's tags: `local`, or for a Slurm run its job,
+/// partition and Slurm state (kept current by the executor while it follows the job).
+fn executor_label(tags: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    use crate::launcher::slurm::{JOB_TAG, PARTITION_TAG, STATE_TAG};
+    match tags.get("trainyard.launcher")?.as_str() {
+        "slurm" => {
+            let mut parts = vec![match tags.get(JOB_TAG) {
+                Some(job) => format!("Slurm job {job}"),
+                None => "Slurm (not submitted yet)".to_string(),
+            }];
+            if let Some(p) = tags.get(PARTITION_TAG) {
+                parts.push(format!("partition {p}"));
+            }
+            if let Some(s) = tags.get(STATE_TAG) {
+                parts.push(s.clone());
+            }
+            Some(parts.join(" · "))
+        }
+        other => Some(other.to_string()),
+    }
 }

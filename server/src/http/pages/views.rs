@@ -98,6 +98,8 @@ pub struct RunHeader {
     pub exit: Option<ExitView>,
     pub tags: Vec<String>,
     pub notes: String,
+    /// Where a launched run executes: `local`, or `Slurm job 12 · partition gpu · RUNNING`.
+    pub executor: Option<String>,
 }
 
 pub struct ChartCard {
