@@ -337,10 +337,18 @@ async fn prune(state: &AppState, run_id: &str, reason: &str) {
 }
 
 /// Who the controller launches as: the sweep's creator (their access is checked at every
-/// launch, so a creator who lost access stops the sweep's launches), or the administrator
-/// for a sweep made by the local user or the admin token.
+/// launch, so a creator who lost access stops the sweep's launches), the local user of a
+/// server without accounts, or the administrator for a sweep made with the admin token.
 async fn actor_of(state: &AppState, sweep: &SweepRow) -> anyhow::Result<Actor> {
+    let local = !crate::access::principal::accounts_on(state)
+        && state
+            .settings
+            .admin_token
+            .as_deref()
+            .is_none_or(str::is_empty);
     let principal = match &sweep.created_by {
+        // The one local user of a server without accounts, as their own requests are.
+        None if local => Principal::Local,
         None => Principal::AdminToken,
         Some(user_id) => Principal::User {
             user: Arc::new(state.store.get_user(user_id).await?),

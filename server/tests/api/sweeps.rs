@@ -271,6 +271,36 @@ async fn pause_resume_stop_and_changes_follow_the_state_of_the_sweep(app: &TestA
     .await;
     let late = app.patch_json(&base, &json!({"max_trials": 9})).await;
     assert_error(late, StatusCode::CONFLICT, "conflict", Some("state")).await;
+    // The audit log has the trials' launches by the local user (the sweep's creator here) and
+    // each control with its sweep.
+    let audit = app.get_json("/api/v1/audit?limit=100").await;
+    let entries = audit["entries"].as_array().expect("entries");
+    let launches = entries
+        .iter()
+        .filter(|e| e["action"] == "run_launch")
+        .count();
+    assert_eq!(launches, 3, "{audit:#}");
+    assert!(
+        entries
+            .iter()
+            .filter(|e| e["action"] == "run_launch")
+            .all(|e| e["actor"] == "local"),
+        "{audit:#}"
+    );
+    for action in [
+        "sweep_submit",
+        "sweep_pause",
+        "sweep_change",
+        "sweep_resume",
+        "sweep_stop",
+    ] {
+        assert!(
+            entries
+                .iter()
+                .any(|e| e["action"] == action && e["target"] == id.as_str()),
+            "{action}: {audit:#}"
+        );
+    }
     let missing = app.get(&format!("/api/v1/sweeps/{}", "0".repeat(32))).await;
     assert_error(missing, StatusCode::NOT_FOUND, "not_found", None).await;
 }
