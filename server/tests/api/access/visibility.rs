@@ -344,3 +344,92 @@ async fn deleting_a_run_takes_manage_and_a_stopped_run(app: &TestApp) {
 crate::on_both_backends_with!(accounts;
     deleting_a_run_takes_manage_and_a_stopped_run,
 );
+
+/// Sweeps follow their experiment: the list leaves out sweeps of experiments the caller may not
+/// read, naming such an experiment is "not found", and its sweep answers like a missing one.
+async fn a_sweep_is_listed_and_readable_only_where_its_experiment_is(app: &TestApp) {
+    add_user(app, "alice", false).await;
+    add_user(app, "bob", false).await;
+    let alice = sign_in(app, "alice", PASSWORD).await;
+    let bob = sign_in(app, "bob", PASSWORD).await;
+    create_runs(app, &alice, "alices", 1).await;
+    create_runs(app, &bob, "bobs", 1).await;
+    let store = &app.state.store;
+    let mut ids = Vec::new();
+    for (owner, experiment) in [("alice", "alices"), ("bob", "bobs")] {
+        let user = store
+            .user_by_name(owner)
+            .await
+            .expect("user")
+            .expect("exists");
+        let experiment = store.get_experiment(experiment).await.expect("experiment");
+        let spec = json!({"name": format!("{owner}-sweep"), "base": {"command": "true"},
+            "method": "random", "metric": {"name": "loss"}, "max_trials": 1,
+            "parameters": {"x": {"values": [1]}}});
+        let sweep = store
+            .create_sweep(
+                &experiment.id,
+                &format!("{owner}-sweep"),
+                &spec,
+                Some(&user.id),
+            )
+            .await
+            .expect("sweep");
+        ids.push(sweep.id);
+    }
+    let names = |list: &Value| -> Vec<String> {
+        list["sweeps"]
+            .as_array()
+            .expect("sweeps")
+            .iter()
+            .map(|s| s["name"].as_str().expect("name").to_owned())
+            .collect()
+    };
+    let r = send(app, &bob, Method::GET, "/api/v1/sweeps", None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(names(&r.json().await.expect("list")), vec!["bob-sweep"]);
+    let r = send(app, &alice, Method::GET, "/api/v1/sweeps", None).await;
+    assert_eq!(names(&r.json().await.expect("list")), vec!["alice-sweep"]);
+    let r = send(
+        app,
+        &bob,
+        Method::GET,
+        "/api/v1/sweeps?experiment=alices",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let r = send(
+        app,
+        &bob,
+        Method::GET,
+        &format!("/api/v1/sweeps/{}", ids[0]),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let hidden: Value = r.json().await.expect("error");
+    let r = send(
+        app,
+        &bob,
+        Method::GET,
+        &format!("/api/v1/sweeps/{}", "f".repeat(32)),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let missing: Value = r.json().await.expect("error");
+    assert_eq!(
+        hidden["error"]["message"]
+            .as_str()
+            .map(|m| m.replace(&ids[0], "ID")),
+        missing["error"]["message"]
+            .as_str()
+            .map(|m| m.replace(&"f".repeat(32), "ID")),
+        "a hidden sweep answers like a missing one"
+    );
+}
+
+crate::on_both_backends_with!(accounts;
+    a_sweep_is_listed_and_readable_only_where_its_experiment_is,
+);
