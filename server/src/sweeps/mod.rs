@@ -35,10 +35,17 @@ struct Handle {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// Parameter importance of a sweep, as computed for a spec version and a number of complete
+/// trials (complete trials never change, so the pair says whether it is still current).
+type Importance = ((i64, usize), std::collections::BTreeMap<String, f64>);
+
 /// The controllers of active sweeps and the revision counters of all watched sweeps.
 pub struct SweepHub {
     controllers: Mutex<HashMap<String, Handle>>,
     revisions: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Importance is a forest fit (up to a few hundred milliseconds for a thousand trials):
+    /// computed once per change of the complete trials, not for every event of every viewer.
+    importance: Mutex<HashMap<String, Importance>>,
     /// How often a controller looks at its trials when nothing wakes it.
     pub poll: Duration,
 }
@@ -48,6 +55,7 @@ impl SweepHub {
         SweepHub {
             controllers: Mutex::new(HashMap::new()),
             revisions: Mutex::new(HashMap::new()),
+            importance: Mutex::new(HashMap::new()),
             poll,
         }
     }
@@ -109,6 +117,34 @@ impl SweepHub {
     /// A receiver that sees every later change of sweep `id`.
     pub fn subscribe(&self, id: &str) -> watch::Receiver<u64> {
         self.revision(id).subscribe()
+    }
+
+    /// The importance of sweep `id` if it was computed for this `key` (spec version, complete
+    /// trials).
+    pub fn cached_importance(
+        &self,
+        id: &str,
+        key: (i64, usize),
+    ) -> Option<std::collections::BTreeMap<String, f64>> {
+        let map = self
+            .importance
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(id)
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| v.clone())
+    }
+
+    pub fn remember_importance(
+        &self,
+        id: &str,
+        key: (i64, usize),
+        value: std::collections::BTreeMap<String, f64>,
+    ) {
+        self.importance
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id.to_string(), (key, value));
     }
 
     /// Stops every controller task (server shutdown); their sweeps continue at the next start.

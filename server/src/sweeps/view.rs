@@ -195,6 +195,35 @@ fn summary_of(row: &SweepRow, spec: &SweepSpec, trials: &[TrialRow]) -> SweepSum
     }
 }
 
+/// The importance of the sweep's parameters over its complete trials: from the cache while
+/// no trial completed and the spec did not change, else fitted off the async workers.
+async fn importance(
+    state: &AppState,
+    row: &SweepRow,
+    spec: SweepSpec,
+    trials: Vec<sweep::Trial>,
+) -> StoreResult<BTreeMap<String, f64>> {
+    let complete = trials
+        .iter()
+        .filter(|t| t.state == sweep::TrialState::Complete)
+        .count();
+    let key = (row.version, complete);
+    if let Some(cached) = state.sweeps.cached_importance(&row.id, key) {
+        return Ok(cached);
+    }
+    let value = tokio::task::spawn_blocking(move || sweep::importance(&spec, &trials))
+        .await
+        .map_err(|e| {
+            crate::store::StoreError::Database(sqlx::Error::Protocol(format!(
+                "computing parameter importance failed: {e}"
+            )))
+        })?;
+    state
+        .sweeps
+        .remember_importance(&row.id, key, value.clone());
+    Ok(value)
+}
+
 pub async fn summary(state: &AppState, row: &SweepRow) -> StoreResult<SweepSummary> {
     let spec = spec_of(row)?;
     let trials = state.store.trials(&row.id).await?;
@@ -260,7 +289,7 @@ pub async fn detail(state: &AppState, id: &str) -> StoreResult<SweepDetail> {
             curve: curve.iter().map(|p| [p.step as f64, p.value]).collect(),
         });
     }
-    let importance = sweep::importance(&spec, &search);
+    let importance = importance(state, &row, spec.clone(), search).await?;
     Ok(SweepDetail {
         summary: summary_of(&row, &spec, &rows),
         spec: row.spec.clone(),
