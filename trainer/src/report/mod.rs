@@ -414,21 +414,29 @@ impl Worker {
 
     fn final_flush(&mut self, status: RunPatch) {
         let deadline = Instant::now() + self.target.final_flush_timeout;
+        // Everything else first, the final status last: a watcher that sees `finished` must
+        // find every step (a flush sends queued patches before points, so the status waits).
+        self.flush_until(deadline);
         self.patches.push(status);
-        loop {
-            self.retry_at = None;
-            self.flush(Some(deadline));
-            let done = self.patches.is_empty() && self.spool.is_empty() && self.pending.is_empty();
-            if done || Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        self.flush_until(deadline);
         if !self.spool.is_empty() {
             tracing::warn!(
                 dir = %self.spool.dir.display(),
                 "some metrics could not be sent; they stay spooled and are resent when this run is resumed"
             );
+        }
+    }
+
+    /// Flushes until nothing is queued or `deadline` passed (at least one attempt).
+    fn flush_until(&mut self, deadline: Instant) {
+        loop {
+            self.retry_at = None;
+            self.flush(Some(deadline));
+            let done = self.patches.is_empty() && self.spool.is_empty() && self.pending.is_empty();
+            if done || Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 

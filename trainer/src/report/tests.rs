@@ -69,6 +69,8 @@ struct Received {
     batches: Vec<MetricBatch>,
     patches: Vec<RunPatch>,
     auth: Vec<String>,
+    /// "metrics" or "patch", in the order the requests arrived.
+    order: Vec<&'static str>,
 }
 
 type Shared = Arc<Mutex<Received>>;
@@ -88,12 +90,52 @@ async fn take_metrics(
         .to_string();
     s.auth.push(auth);
     s.batches.push(batch);
+    s.order.push("metrics");
     Json(serde_json::json!({}))
 }
 
 async fn take_patch(State(s): State<Shared>, Json(p): Json<RunPatch>) -> Json<serde_json::Value> {
-    s.lock().unwrap().patches.push(p);
+    let mut s = s.lock().unwrap();
+    s.patches.push(p);
+    s.order.push("patch");
     Json(serde_json::json!({}))
+}
+
+/// A watcher that sees the final status must find every step: the last points go before it,
+/// even when they were all still pending when training ended.
+#[test]
+fn the_final_status_is_sent_after_the_last_points() {
+    let received: Shared = Arc::default();
+    let app = Router::new()
+        .route("/api/v1/runs/{id}/metrics", post(take_metrics))
+        .route("/api/v1/runs/{id}", patch(take_patch))
+        .with_state(received.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().unwrap();
+    let target = ServerTarget {
+        url,
+        run_id: "run42".into(),
+        token: None,
+        // Longer than the run: every point is still pending at the end.
+        flush_interval: Duration::from_secs(3600),
+        final_flush_timeout: Duration::from_secs(20),
+        heartbeat_interval: Duration::from_secs(3600),
+    };
+    let mut r = Reporter::open(dir.path(), None, Some(target)).unwrap();
+    for step in 0..5 {
+        r.log(&line(step)).unwrap();
+    }
+    r.finish(RunStatus::Finished, None);
+    let got = received.lock().unwrap();
+    assert_eq!(got.order.last(), Some(&"patch"), "{:?}", got.order);
+    assert!(got.order.contains(&"metrics"), "{:?}", got.order);
+    let final_status: Vec<_> = got.patches.iter().filter_map(|p| p.status).collect();
+    assert_eq!(final_status, vec![RunStatus::Finished]);
 }
 
 #[test]
