@@ -258,6 +258,11 @@ impl Launcher {
         &self.inner.gpus
     }
 
+    /// Where runs execute unless their request says (`serve --executor`).
+    pub fn default_executor(&self) -> slurm::Executor {
+        self.inner.settings.executor
+    }
+
     pub fn data_dir(&self) -> &Path {
         &self.inner.settings.data_dir
     }

@@ -178,19 +178,27 @@ async fn stopping_a_slurm_run_cancels_its_job_and_the_trainer_leaves_a_checkpoin
         .expect("checkpoints dir")
         .collect();
     assert!(!checkpoints.is_empty(), "stop must leave a checkpoint");
+    // The trainer reports `stopped` before it exits; the job ends right after.
     let jobs = jobs_of(app.data_dir.path(), &id);
-    let state = job_state(&jobs[0]);
-    assert!(
-        !matches!(state.as_str(), "RUNNING" | "PENDING"),
-        "the job is over: {state}"
-    );
-    assert!(trainer_pid(&id).is_none(), "no trainer is left");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let state = job_state(&jobs[0]);
+        let over = !matches!(state.as_str(), "RUNNING" | "PENDING" | "COMPLETING");
+        if over && trainer_pid(&id).is_none() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job is still {state} or its trainer alive"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_slurm_job_is_resubmitted_and_resumes_from_its_latest_checkpoint() {
     let app = slurm_app().await;
-    let id = launch(&app.client, &app.address, tiny(200, 10, 1)).await;
+    let id = launch(&app.client, &app.address, tiny(300, 10, 1)).await;
     wait_for(
         &app.client,
         &app.address,
@@ -230,7 +238,7 @@ async fn a_failed_slurm_job_is_resubmitted_and_resumes_from_its_latest_checkpoin
         &app.address,
         &id,
         Duration::from_secs(60),
-        |r| loss_step(r) >= 200,
+        |r| loss_step(r) >= 300,
     )
     .await;
     let series = get(
@@ -239,7 +247,7 @@ async fn a_failed_slurm_job_is_resubmitted_and_resumes_from_its_latest_checkpoin
         &format!("/api/v1/runs/{id}/metrics?key=train/loss&max_points=100000"),
     )
     .await;
-    assert_eq!(series["total"], 200, "{series:#}");
+    assert_eq!(series["total"], 300, "{series:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,4 +366,107 @@ async fn slurm_requests_that_cannot_work_are_refused_naming_the_field() {
     assert_eq!(reply["error"]["field"], "resources.executor", "{reply}");
     let msg = reply["error"]["message"].as_str().unwrap_or("");
     assert!(msg.contains("--executor slurm"), "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trials_of_a_sweep_on_a_slurm_server_run_as_slurm_jobs() {
+    let app = slurm_app().await;
+    let dir = tempfile::tempdir().unwrap();
+    let body = r#"for step in 0 1 2; do
+  curl -sf -X POST "$TRAINYARD_SERVER_URL/api/v1/runs/$TRAINYARD_RUN_ID/metrics" \
+    -H 'content-type: application/json' \
+    -d "{\"points\": [{\"key\": \"loss\", \"step\": $step, \"value\": 1.5}]}" >/dev/null
+done"#;
+    let trial = script(dir.path(), "trial.sh", body);
+    let spec = json!({
+        "name": "on-slurm",
+        "experiment": "sweeps-on-slurm",
+        "base": {"command": ["sh", trial.to_str().unwrap()]},
+        "metric": {"name": "loss", "goal": "minimize"},
+        "method": "random",
+        "parameters": {"x": {"distribution": "uniform", "min": 0.0, "max": 1.0}},
+        "max_trials": 2,
+        "parallel": 2,
+        "seed": 3
+    });
+    let (status, reply) = post(
+        &app.client,
+        &app.address,
+        "/api/v1/sweeps",
+        &json!({ "spec": spec }),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{reply:#}");
+    let id = reply["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let sweep = loop {
+        let sweep = get(&app.client, &app.address, &format!("/api/v1/sweeps/{id}")).await;
+        if sweep["state"] == "finished" {
+            break sweep;
+        }
+        assert!(std::time::Instant::now() < deadline, "{sweep:#}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let trials = sweep["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "{sweep:#}");
+    for t in trials {
+        let run_id = t["run_id"].as_str().unwrap();
+        let run = get(&app.client, &app.address, &format!("/api/v1/runs/{run_id}")).await;
+        assert_eq!(run["status"], "finished", "{run:#}");
+        assert_eq!(run["tags"]["trainyard.launcher"], "slurm", "{run:#}");
+        let job = run["tags"]["trainyard.slurm.job_id"].as_str().unwrap();
+        assert_eq!(jobs_of(app.data_dir.path(), run_id), vec![job.to_string()]);
+        let script = std::fs::read_to_string(
+            app.data_dir
+                .path()
+                .join("runs")
+                .join(run_id)
+                .join("slurm-job.sh"),
+        )
+        .unwrap();
+        assert!(
+            script.contains("--x="),
+            "the trial's parameter is on its command: {script}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_job_still_waits_in_slurm_is_stopped_by_cancelling_the_job() {
+    let app = slurm_app().await;
+    let mut body = tiny(10, 0, 0);
+    // Held back by Slurm for an hour: the job stays PENDING (reason BeginTime).
+    body["resources"]["slurm"]["extra"] = json!(["--begin=now+3600"]);
+    let id = launch(&app.client, &app.address, body).await;
+    let run = wait_for(
+        &app.client,
+        &app.address,
+        &id,
+        Duration::from_secs(60),
+        |r| r["tags"]["trainyard.slurm.state"] == "PENDING",
+    )
+    .await;
+    assert_eq!(run["status"], "queued", "a pending job is a queued run");
+    let job = run["tags"]["trainyard.slurm.job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, _) = post(
+        &app.client,
+        &app.address,
+        &format!("/api/v1/runs/{id}/stop"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED);
+    let run = wait_terminal(&app.client, &app.address, &id).await;
+    assert_eq!(run["status"], "stopped", "{run:#}");
+    assert_eq!(job_state(&job), "CANCELLED");
+    let events = app.state.store.run_events(&id, None).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .all(|e| e.to_status != trainyard::store::RunStatus::Running),
+        "it never ran: {events:#?}"
+    );
 }

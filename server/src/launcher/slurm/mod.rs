@@ -181,7 +181,21 @@ async fn decide(
         .unwrap_or_default();
     let phase = end.info.as_ref().map(JobInfo::phase);
     let mut exit = sup::exit_info(&end.outcome, &tail);
-    let current = status_of(inner, run_id).await;
+    let mut current = status_of(inner, run_id).await;
+    let ran = process::read_exit_marker(dir).is_some()
+        || end.info.as_ref().is_some_and(|i| !i.nodes.is_empty());
+    if current == Some(RunStatus::Queued) && ran {
+        // The job ran and ended between two polls (it had a node, or its script left an exit
+        // status): a queued run cannot become `finished` without having been `running`.
+        let nodes = end.info.as_ref().map_or("", |i| i.nodes.as_str());
+        let on = if nodes.is_empty() { "a node" } else { nodes };
+        let reason = format!(
+            "ran on {on} as Slurm job {job} (attempt {})",
+            record.attempts
+        );
+        record_status(inner, run_id, RunStatus::Running, &reason, None).await;
+        current = status_of(inner, run_id).await;
+    }
     set_state_tag(inner, run_id, state).await;
     if dir.join(STOP_FILE).exists() {
         if current.is_some_and(RunStatus::is_terminal) {
