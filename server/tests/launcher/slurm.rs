@@ -470,3 +470,39 @@ async fn a_run_whose_job_still_waits_in_slurm_is_stopped_by_cancelling_the_job()
         "it never ran: {events:#?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_reaches_its_time_limit_is_resubmitted_within_max_restarts() {
+    let app = slurm_app().await;
+    // The first attempt outlives its one-minute limit; the second ends at once.
+    let body = json!({
+        "launch": true,
+        "command": r#"if [ "$TRAINYARD_ATTEMPT" = 1 ]; then sleep 600; fi; echo "attempt $TRAINYARD_ATTEMPT done""#,
+        "max_restarts": 1,
+        "resources": {"slurm": {"time": "1"}},
+    });
+    let id = launch(&app.client, &app.address, body).await;
+    let run = wait_terminal(&app.client, &app.address, &id).await;
+    assert_eq!(run["status"], "finished", "{run:#}");
+    assert_eq!(run["tags"]["trainyard.attempts"], "2");
+    let jobs = jobs_of(app.data_dir.path(), &id);
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(job_state(&jobs[0]), "TIMEOUT");
+    let events = app.state.store.run_events(&id, None).await.unwrap();
+    assert!(
+        events.iter().any(|e| e
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("restarting") && r.contains("TIMEOUT"))),
+        "{events:#?}"
+    );
+    let log = std::fs::read_to_string(
+        app.data_dir
+            .path()
+            .join("runs")
+            .join(&id)
+            .join("output.log"),
+    )
+    .unwrap();
+    assert!(log.contains("attempt 2 done"), "{log}");
+}
