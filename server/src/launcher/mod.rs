@@ -525,7 +525,13 @@ impl Launcher {
         }
         let gpus = gpus.unwrap_or(record.gpus_requested);
         let on_slurm = record.executor == slurm::Executor::Slurm;
-        if !on_slurm {
+        if on_slurm {
+            // The trainer reports `stopped` before its job has ended in Slurm; the follower of
+            // that job must finish first, or it would record the old job's end on the resumed
+            // run. It takes a poll or two.
+            self.wait_unfollowed(run_id).await?;
+            record = LaunchRecord::load(&dir)?;
+        } else {
             self.check_gpus(gpus)?;
         }
         let status = self.inner.store.get_run(run_id).await?.status;
@@ -560,6 +566,21 @@ impl Launcher {
             self.inner.wake.notify_one();
         }
         Ok(self.inner.store.get_run(run_id).await?)
+    }
+
+    /// Waits (a little) until no task follows the run's Slurm job any more.
+    async fn wait_unfollowed(&self, run_id: &str) -> Result<(), LaunchError> {
+        let patience = self.inner.settings.slurm.poll_interval * 10;
+        let deadline = tokio::time::Instant::now() + patience.max(Duration::from_secs(10));
+        while self.inner.state().active.contains_key(run_id) {
+            if tokio::time::Instant::now() > deadline {
+                return Err(LaunchError::NotResumable(
+                    "its last Slurm job has not ended yet; try again once it has".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 
     /// Whether this server launched the run (then it supervises its process, or re-adopts it

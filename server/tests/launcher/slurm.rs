@@ -27,7 +27,7 @@ fn tiny(steps: u64, save: u64, max_restarts: u32) -> Value {
             "logging.flush_interval_ms": 100,
         },
         "max_restarts": max_restarts,
-        "resources": {"executor": "slurm", "slurm": {"partition": "debug", "time": "30:00"}},
+        "resources": {"executor": "slurm", "slurm": {"partition": "debug", "time": "15:00"}},
     })
 }
 
@@ -37,6 +37,18 @@ async fn slurm_app() -> TestApp {
         s.launcher.slurm.poll_interval = Duration::from_millis(300);
     })
     .await
+}
+
+/// Cancels a test's jobs when it ends, passed or panicked: a long job left behind would hold
+/// the one-node cluster's CPUs and starve every later test.
+struct CancelJobs(String);
+
+impl Drop for CancelJobs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("scancel")
+            .args(["--name", &format!("trainyard-{}", self.0)])
+            .status();
+    }
 }
 
 fn loss_step(run: &Value) -> i64 {
@@ -84,6 +96,7 @@ fn trainer_pid(id: &str) -> Option<i32> {
 async fn a_tiny_training_run_on_slurm_finishes_with_its_metrics_and_its_job_shown() {
     let app = slurm_app().await;
     let id = launch(&app.client, &app.address, tiny(30, 0, 0)).await;
+    let _cancel = CancelJobs(id.clone());
     let run = wait_terminal(&app.client, &app.address, &id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.launcher"], "slurm");
@@ -144,7 +157,7 @@ async fn a_tiny_training_run_on_slurm_finishes_with_its_metrics_and_its_job_show
     )
     .unwrap();
     assert!(script.contains("#SBATCH --partition=debug"), "{script}");
-    assert!(script.contains("#SBATCH --time=30:00"), "{script}");
+    assert!(script.contains("#SBATCH --time=15:00"), "{script}");
     assert!(
         !script.contains("TRAINYARD_TOKEN="),
         "no secret in the script"
@@ -152,9 +165,10 @@ async fn a_tiny_training_run_on_slurm_finishes_with_its_metrics_and_its_job_show
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stopping_a_slurm_run_cancels_its_job_and_the_trainer_leaves_a_checkpoint() {
+async fn stopping_a_slurm_run_cancels_its_job_leaving_a_checkpoint_that_resume_continues_from() {
     let app = slurm_app().await;
     let id = launch(&app.client, &app.address, tiny(100_000, 0, 0)).await;
+    let _cancel = CancelJobs(id.clone());
     wait_for(
         &app.client,
         &app.address,
@@ -193,12 +207,51 @@ async fn stopping_a_slurm_run_cancels_its_job_and_the_trainer_leaves_a_checkpoin
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Resume goes on as a new job of the same run, from the checkpoint the stop left.
+    let (status, reply) = post(
+        &app.client,
+        &app.address,
+        &format!("/api/v1/runs/{id}/resume"),
+        &json!({"from": "latest"}),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{reply}");
+    let stopped_at = loss_step(&run);
+    wait_for(
+        &app.client,
+        &app.address,
+        &id,
+        Duration::from_secs(300),
+        |r| r["status"] == "running" && loss_step(r) > stopped_at,
+    )
+    .await;
+    let jobs = jobs_of(app.data_dir.path(), &id);
+    let events = app.state.store.run_events(&id, None).await.unwrap();
+    assert_eq!(
+        jobs.len(),
+        2,
+        "a second job: {jobs:?} {:#} {events:#?}",
+        launch_record(app.data_dir.path(), &id)
+    );
+    let script = std::fs::read_to_string(dir.join("slurm-job.sh")).unwrap();
+    assert!(script.contains("'--resume'"), "{script}");
+    let (status, _) = post(
+        &app.client,
+        &app.address,
+        &format!("/api/v1/runs/{id}/stop"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED);
+    let run = wait_terminal(&app.client, &app.address, &id).await;
+    assert_eq!(run["status"], "stopped", "{run:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_slurm_job_is_resubmitted_and_resumes_from_its_latest_checkpoint() {
     let app = slurm_app().await;
     let id = launch(&app.client, &app.address, tiny(300, 10, 1)).await;
+    let _cancel = CancelJobs(id.clone());
     wait_for(
         &app.client,
         &app.address,
@@ -260,6 +313,7 @@ async fn a_slurm_job_outlives_a_server_sigkill_and_the_next_server_readopts_it()
     let mut body = tiny(2000, 500, 0);
     body["resources"] = json!({});
     let id = launch(&c, &server.address, body).await;
+    let _cancel = CancelJobs(id.clone());
     wait_for(&c, &server.address, &id, Duration::from_secs(300), |r| {
         loss_step(r) >= 10
     })
@@ -438,6 +492,7 @@ async fn a_run_whose_job_still_waits_in_slurm_is_stopped_by_cancelling_the_job()
     // Held back by Slurm for an hour: the job stays PENDING (reason BeginTime).
     body["resources"]["slurm"]["extra"] = json!(["--begin=now+3600"]);
     let id = launch(&app.client, &app.address, body).await;
+    let _cancel = CancelJobs(id.clone());
     let run = wait_for(
         &app.client,
         &app.address,
@@ -482,6 +537,7 @@ async fn a_job_that_reaches_its_time_limit_is_resubmitted_within_max_restarts() 
         "resources": {"slurm": {"time": "1"}},
     });
     let id = launch(&app.client, &app.address, body).await;
+    let _cancel = CancelJobs(id.clone());
     let run = wait_terminal(&app.client, &app.address, &id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.attempts"], "2");

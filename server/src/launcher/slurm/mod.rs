@@ -101,10 +101,16 @@ pub(crate) async fn supervise(inner: Arc<Inner>, run_id: String) {
 /// Starts following a Slurm run: from `launch` and `resume`, and at start-up for each Slurm
 /// run without a final status.
 pub(crate) fn follow(inner: &Arc<Inner>, run_id: &str) {
-    inner
-        .state()
-        .active
-        .insert(run_id.to_string(), super::Active::default());
+    {
+        let mut st = inner.state();
+        if st.active.contains_key(run_id) {
+            // One follower per run: two would each record the same job's end.
+            tracing::warn!(run = %run_id, "already followed");
+            return;
+        }
+        st.active
+            .insert(run_id.to_string(), super::Active::default());
+    }
     tokio::spawn(supervise(inner.clone(), run_id.to_string()));
 }
 
