@@ -67,21 +67,27 @@ struct Tick {
 /// The trials as the search sees them.
 pub(super) fn search_trials(rows: &[TrialRow], curves: &Curves) -> Vec<sweep::Trial> {
     rows.iter()
-        .map(|r| sweep::Trial {
-            number: u32::try_from(r.number).unwrap_or(u32::MAX),
-            params: r.params.clone().into_iter().collect(),
-            state: match r.state {
-                TrialState::Pending | TrialState::Running => sweep::TrialState::Running,
-                TrialState::Complete => sweep::TrialState::Complete,
-                TrialState::Pruned => sweep::TrialState::Pruned,
-                TrialState::Failed | TrialState::Stopped => sweep::TrialState::Failed,
-            },
-            value: r.value,
-            intermediate: curves.get(&r.number).cloned().unwrap_or_default(),
-            rungs: r.rungs.clone(),
-            bracket: r.bracket.and_then(|b| u32::try_from(b).ok()),
-        })
+        .map(|r| search_trial(r, curves.get(&r.number).cloned().unwrap_or_default()))
         .collect()
+}
+
+/// One trial as the search sees it, with the metric values seen so far.
+pub(super) fn search_trial(row: &TrialRow, intermediate: BTreeMap<u64, f64>) -> sweep::Trial {
+    sweep::Trial {
+        number: u32::try_from(row.number).unwrap_or(u32::MAX),
+        params: row.params.clone().into_iter().collect(),
+        // Pending trials are decided: the search counts them like running ones.
+        state: match row.state {
+            TrialState::Pending | TrialState::Running => sweep::TrialState::Running,
+            TrialState::Complete => sweep::TrialState::Complete,
+            TrialState::Pruned => sweep::TrialState::Pruned,
+            TrialState::Failed | TrialState::Stopped => sweep::TrialState::Failed,
+        },
+        value: row.value,
+        intermediate,
+        rungs: row.rungs.clone(),
+        bracket: row.bracket.and_then(|b| u32::try_from(b).ok()),
+    }
 }
 
 async fn tick(state: &AppState, id: &str, curves: &mut Curves) -> anyhow::Result<Tick> {

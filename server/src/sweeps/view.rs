@@ -253,20 +253,7 @@ pub async fn detail(state: &AppState, id: &str) -> StoreResult<SweepDetail> {
             .iter()
             .filter_map(|p| u64::try_from(p.step).ok().map(|s| (s, p.value)))
             .collect();
-        let for_search = sweep::Trial {
-            number: u32::try_from(t.number).unwrap_or(u32::MAX),
-            params: t.params.clone().into_iter().collect(),
-            state: match t.state {
-                TrialState::Pending | TrialState::Running => sweep::TrialState::Running,
-                TrialState::Complete => sweep::TrialState::Complete,
-                TrialState::Pruned => sweep::TrialState::Pruned,
-                TrialState::Failed | TrialState::Stopped => sweep::TrialState::Failed,
-            },
-            value: t.value,
-            intermediate,
-            rungs: t.rungs.clone(),
-            bracket: t.bracket.and_then(|b| u32::try_from(b).ok()),
-        };
+        let for_search = super::controller::search_trial(t, intermediate);
         let next_rung = t
             .state
             .is_active()
