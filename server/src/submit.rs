@@ -53,6 +53,19 @@ pub struct SubmitArgs {
     pub token: Option<String>,
 }
 
+/// `refused (STATUS): field: message` from the API's error body, for a terminal.
+pub fn refusal(status: reqwest::StatusCode, reply: &Value) -> String {
+    let err = &reply["error"];
+    let message = err["message"].as_str().unwrap_or("?");
+    // Config messages start with their key already.
+    let field = err["field"]
+        .as_str()
+        .filter(|f| !message.starts_with(&format!("{f}:")))
+        .map(|f| format!("{f}: "))
+        .unwrap_or_default();
+    format!("refused ({status}): {field}{message}")
+}
+
 /// Exit codes of `submit --follow`.
 pub fn exit_code_for(status: &str) -> i32 {
     match status {
@@ -139,20 +152,12 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<i32> {
         .await
         .context("the server's reply is not JSON")?;
     if !status.is_success() {
-        let err = &reply["error"];
-        let message = err["message"].as_str().unwrap_or("?");
-        // Config messages start with their key already.
-        let field = err["field"]
-            .as_str()
-            .filter(|f| !message.starts_with(&format!("{f}:")))
-            .map(|f| format!("{f}: "))
-            .unwrap_or_default();
         let what = if args.resume.is_some() {
             "resume"
         } else {
             "launch"
         };
-        bail!("{what} refused ({status}): {field}{message}");
+        bail!("{what} {}", refusal(status, &reply));
     }
     let id = reply["id"]
         .as_str()

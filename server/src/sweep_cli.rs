@@ -59,16 +59,6 @@ pub fn submit_body(text: &str, here: &std::path::Path) -> anyhow::Result<Value> 
     Ok(json!({ "spec": spec }))
 }
 
-fn refusal(status: reqwest::StatusCode, reply: &Value) -> String {
-    let err = &reply["error"];
-    let message = err["message"].as_str().unwrap_or("?");
-    let field = err["field"]
-        .as_str()
-        .map(|f| format!("{f}: "))
-        .unwrap_or_default();
-    format!("refused ({status}): {field}{message}")
-}
-
 /// Runs the subcommand; returns the process exit code.
 pub async fn run(args: SweepArgs) -> anyhow::Result<i32> {
     let base = args.server.trim_end_matches('/').to_string();
@@ -110,7 +100,7 @@ pub async fn run(args: SweepArgs) -> anyhow::Result<i32> {
         .await
         .context("the server's reply is not JSON")?;
     if !status.is_success() {
-        bail!("sweep {}", refusal(status, &reply));
+        bail!("sweep {}", crate::submit::refusal(status, &reply));
     }
     let id = reply["id"]
         .as_str()
