@@ -83,5 +83,11 @@ echo "==> MLflow client"
 TRAINYARD_MLFLOW_PYTHON="$(scripts/mlflow-venv.sh | tail -n 1)"
 export TRAINYARD_MLFLOW_PYTHON
 
+# The trainer's independent references (NumPy reading safetensors, as transformers does) run in
+# their own pinned environment; the tests fail, never skip, without it.
+echo "==> NumPy reference"
+TRAINYARD_REFERENCE_PYTHON="$(scripts/reference-venv.sh | tail -n 1)"
+export TRAINYARD_REFERENCE_PYTHON
+
 echo "==> cargo test --workspace"
 cargo test --workspace "$@"

@@ -38,6 +38,9 @@ pub enum Command {
     Sample(trainer::cli::SampleArgs),
     /// Tokenizer tools (`tokenizer train --input ... --vocab-size N --out tokenizer.json`).
     Tokenizer(trainer::cli::TokenizerArgs),
+    /// Export a checkpoint as a Hugging Face directory
+    /// (`export --format hf [--merge] RUN_OR_CHECKPOINT OUT_DIR`).
+    Export(trainer::cli::ExportArgs),
     /// Manage accounts on the server's database (`user add NAME --admin`, `user list`, ...).
     User(crate::user_cli::UserArgs),
 }
@@ -247,6 +250,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tokenizer(args) => {
             tokio::task::spawn_blocking(move || trainer::cli::run_tokenizer(args)).await?
+        }
+        Command::Export(args) => {
+            tokio::task::spawn_blocking(move || trainer::cli::run_export(args)).await?
         }
         Command::Submit(args) => {
             let code = crate::submit::run(args).await?;

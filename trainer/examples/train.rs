@@ -17,6 +17,8 @@ enum Command {
     Sample(trainer::cli::SampleArgs),
     /// Tokenizer tools.
     Tokenizer(trainer::cli::TokenizerArgs),
+    /// Export a checkpoint as a Hugging Face directory.
+    Export(trainer::cli::ExportArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -24,5 +26,6 @@ fn main() -> anyhow::Result<()> {
         Command::Train(a) => trainer::cli::run_train(a),
         Command::Sample(a) => trainer::cli::run_sample(a),
         Command::Tokenizer(a) => trainer::cli::run_tokenizer(a),
+        Command::Export(a) => trainer::cli::run_export(a),
     }
 }

@@ -3,6 +3,10 @@
 //! `DIR/checkpoints/best/` holding the same without the optimizer state (for sampling and
 //! `init_from`; the moments would double its size, and resuming from it starts them afresh).
 //!
+//! A LoRA run's checkpoints hold only the adapters in `model.safetensors`, and `base.json`
+//! naming the base weights they go with (`training.init_from` as an absolute path, or `null`
+//! for the seeded initialization of the checkpoint's config).
+//!
 //! A checkpoint is written into a hidden temporary directory, every file and the directory are
 //! fsynced, and only then is it renamed into place: a reader (or a resume after a crash) sees a
 //! whole checkpoint or none. Names starting with `.` are never treated as checkpoints.
@@ -26,6 +30,16 @@ pub const STATE_FILE: &str = "state.json";
 pub const CONFIG_FILE: &str = "config.yaml";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub const BEST_DIR: &str = "best";
+/// In a LoRA checkpoint: which base weights the adapters go with.
+pub const BASE_FILE: &str = "base.json";
+
+/// The base weights of a LoRA checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaseRef {
+    /// A checkpoint directory or `hf:PATH` (absolute), or `None`: the seeded initialization of
+    /// the checkpoint's config.
+    pub init_from: Option<String>,
+}
 
 /// Everything besides tensors that a resumed run needs to continue exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,6 +90,8 @@ pub struct Snapshot<'a> {
     pub state: &'a TrainState,
     pub config: &'a Config,
     pub tokenizer_json: &'a str,
+    /// For a LoRA run: only adapters are saved, with this reference to their base.
+    pub base: Option<&'a BaseRef>,
 }
 
 /// `DIR/checkpoints`.
@@ -113,7 +129,12 @@ pub fn save_best(run_dir: &Path, snap: &Snapshot<'_>) -> Result<PathBuf> {
 }
 
 fn write_snapshot(dir: &Path, snap: &Snapshot<'_>, optimizer: bool) -> Result<()> {
-    candle_core::safetensors::save(&varmap_tensors(snap.varmap)?, dir.join(MODEL_FILE))?;
+    let mut tensors = varmap_tensors(snap.varmap)?;
+    if let Some(base) = snap.base {
+        tensors.retain(|name, _| crate::model::lora::is_adapter(name));
+        fs::write(dir.join(BASE_FILE), serde_json::to_vec_pretty(base)?)?;
+    }
+    candle_core::safetensors::save(&tensors, dir.join(MODEL_FILE))?;
     if optimizer {
         candle_core::safetensors::save(&snap.optimizer.state()?, dir.join(OPTIMIZER_FILE))?;
     }
@@ -123,7 +144,8 @@ fn write_snapshot(dir: &Path, snap: &Snapshot<'_>, optimizer: bool) -> Result<()
     Ok(())
 }
 
-fn varmap_tensors(varmap: &VarMap) -> Result<HashMap<String, Tensor>> {
+/// Every variable of `varmap` by name.
+pub fn varmap_tensors(varmap: &VarMap) -> Result<HashMap<String, Tensor>> {
     let data = varmap
         .data()
         .lock()
@@ -232,6 +254,19 @@ pub fn resolve(run_dir: &Path, spec: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The checkpoint a path means for reading (sampling, export): a checkpoint directory, or a
+/// run directory's `best` checkpoint, else its latest.
+pub fn resolve_for_reading(path: &Path) -> Result<PathBuf> {
+    let best = checkpoints_dir(path).join(BEST_DIR);
+    if path.join(STATE_FILE).is_file() {
+        Ok(path.to_path_buf())
+    } else if best.join(STATE_FILE).is_file() {
+        Ok(best)
+    } else {
+        resolve(path, "latest").with_context(|| format!("{}: no checkpoint found", path.display()))
+    }
+}
+
 /// Reads `state.json`.
 pub fn read_state(dir: &Path) -> Result<TrainState> {
     let path = dir.join(STATE_FILE);
@@ -248,6 +283,72 @@ pub fn read_config(dir: &Path) -> Result<Config> {
 /// Copies the checkpoint's weights into `varmap`, which must hold exactly the same names and
 /// shapes.
 pub fn load_weights(dir: &Path, varmap: &VarMap, device: &Device) -> Result<()> {
+    load_weights_where(dir, varmap, device, |_| true)
+}
+
+/// Reads `base.json`: `Some` for a LoRA checkpoint.
+pub fn read_base(dir: &Path) -> Result<Option<BaseRef>> {
+    let path = dir.join(BASE_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?,
+    ))
+}
+
+/// The weights of a checkpoint, into `varmap` built for `cfg` (its config): all of them, or
+/// for a LoRA checkpoint the base it names and then its adapters.
+pub fn load_model(dir: &Path, cfg: &Config, varmap: &VarMap, device: &Device) -> Result<()> {
+    match read_base(dir)? {
+        Some(base) => {
+            load_base(base.init_from.as_deref(), cfg, varmap, device)?;
+            load_weights_where(dir, varmap, device, crate::model::lora::is_adapter)
+        }
+        None => load_weights(dir, varmap, device),
+    }
+}
+
+/// Sets the base (non-adapter) weights of `varmap`, a model built for `cfg`, from `init_from`:
+/// a checkpoint directory, `hf:PATH`, or `None` for the seeded initialization.
+pub fn load_base(
+    init_from: Option<&str>,
+    cfg: &Config,
+    varmap: &VarMap,
+    device: &Device,
+) -> Result<()> {
+    let base = |n: &str| !crate::model::lora::is_adapter(n);
+    match init_from {
+        None => Ok(crate::model::init_weights(
+            varmap,
+            &cfg.model,
+            cfg.training.seed,
+        )?),
+        Some(spec) => match crate::hf::import::hf_path(spec) {
+            Some(dir) => crate::hf::import::load_weights(&dir, &cfg.model, varmap, device),
+            None => {
+                let dir = resolve(Path::new("."), spec)?;
+                if read_base(&dir)?.is_some() {
+                    bail!(
+                        "{}: a LoRA checkpoint holds only adapters; export it with \
+                         `trainyard export --format hf --merge` and start from hf:DIR",
+                        dir.display()
+                    );
+                }
+                load_weights_where(&dir, varmap, device, base)
+            }
+        },
+    }
+}
+
+/// Copies the checkpoint's tensors for the variables `wanted` picks into `varmap`.
+fn load_weights_where(
+    dir: &Path,
+    varmap: &VarMap,
+    device: &Device,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<()> {
     let path = dir.join(MODEL_FILE);
     let tensors = candle_core::safetensors::load(&path, device)
         .with_context(|| format!("reading {}", path.display()))?;
@@ -255,7 +356,7 @@ pub fn load_weights(dir: &Path, varmap: &VarMap, device: &Device) -> Result<()> 
         .data()
         .lock()
         .map_err(|_| anyhow::anyhow!("model variables are poisoned by a panicked thread"))?;
-    for (name, var) in data.iter() {
+    for (name, var) in data.iter().filter(|(n, _)| wanted(n.as_str())) {
         let t = tensors
             .get(name)
             .with_context(|| format!("{}: no tensor `{name}`", path.display()))?;
@@ -342,6 +443,7 @@ mod tests {
             state: &st,
             config: &config,
             tokenizer_json: "{}",
+            base: None,
         };
         save_step(run, &snap, limit).unwrap()
     }
@@ -427,6 +529,7 @@ mod tests {
             state: &st,
             config: &config,
             tokenizer_json: "{}",
+            base: None,
         };
         let best = save_best(run.path(), &snap).unwrap();
         let mut names: Vec<String> = fs::read_dir(&best)

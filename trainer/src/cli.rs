@@ -74,6 +74,23 @@ pub struct SampleArgs {
     pub device: String,
 }
 
+/// `trainyard export`: write a checkpoint in another framework's format.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// Output format: `hf` (a Hugging Face `transformers` directory).
+    #[arg(long, default_value = "hf")]
+    pub format: String,
+    /// Fold a LoRA checkpoint's adapters into the base weights (required for LoRA checkpoints).
+    #[arg(long)]
+    pub merge: bool,
+    /// A checkpoint directory, or a run directory (its best, else latest, checkpoint).
+    #[arg(value_name = "RUN_OR_CHECKPOINT")]
+    pub source: PathBuf,
+    /// The directory to write (created; an earlier export there is replaced).
+    #[arg(value_name = "OUT_DIR")]
+    pub out: PathBuf,
+}
+
 /// `trainyard tokenizer ...`
 #[derive(clap::Args, Debug, Clone)]
 pub struct TokenizerArgs {
@@ -111,6 +128,15 @@ pub fn resolve_config(args: &TrainArgs, out: &Path) -> Result<(Config, Option<Pa
         (None, None) => bail!("--config FILE|PROFILE is required (or --resume)"),
     };
     cfg.apply_overrides(&args.set)?;
+    // `hf:PATH` fixes the model's shape: the resolved config shows (and checks) that shape.
+    if cfg
+        .training
+        .init_from
+        .as_deref()
+        .is_some_and(|s| s.starts_with(crate::hf::PREFIX))
+    {
+        crate::train::finetune::resolve_init_from(&mut cfg)?;
+    }
     cfg.validate()?;
     Ok((cfg, resume))
 }
@@ -225,6 +251,16 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
     Ok(())
 }
 
+/// `trainyard export --format hf [--merge] RUN_OR_CHECKPOINT OUT_DIR`.
+pub fn run_export(args: ExportArgs) -> Result<()> {
+    if args.format != "hf" {
+        bail!("--format: the only format is hf, got \"{}\"", args.format);
+    }
+    let dir = crate::hf::export::export(&args.source, &args.out, args.merge)?;
+    eprintln!("wrote a Hugging Face model directory to {}", dir.display());
+    Ok(())
+}
+
 /// `trainyard tokenizer train`.
 pub fn run_tokenizer(args: TokenizerArgs) -> Result<()> {
     match args.command {
@@ -256,6 +292,7 @@ mod tests {
         Train(TrainArgs),
         Sample(SampleArgs),
         Tokenizer(TokenizerArgs),
+        Export(ExportArgs),
     }
 
     fn parse(argv: &[&str]) -> Result<Command, clap::Error> {
@@ -351,6 +388,27 @@ mod tests {
         let TokenizerCommand::Train(t) = t.command;
         assert_eq!(t.input.len(), 2);
         assert_eq!(t.vocab_size, 512);
+    }
+
+    #[test]
+    fn export_takes_a_source_and_an_out_dir_and_refuses_unknown_formats() {
+        let Ok(Command::Export(e)) =
+            parse(&["export", "--format", "hf", "--merge", "runs/x", "out"])
+        else {
+            panic!("export should parse");
+        };
+        assert!(e.merge);
+        assert_eq!(
+            (e.source.as_path(), e.out.as_path()),
+            (Path::new("runs/x"), Path::new("out"))
+        );
+        let err = run_export(ExportArgs {
+            format: "onnx".into(),
+            ..e
+        })
+        .unwrap_err();
+        assert!(err.to_string().starts_with("--format:"), "{err}");
+        assert!(parse(&["export", "runs/x"]).is_err(), "OUT_DIR is required");
     }
 
     #[test]

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod hf;
 pub mod kernels;
 pub mod model;
 pub mod optim;

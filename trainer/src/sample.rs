@@ -33,6 +33,8 @@ pub struct LoadedModel {
     pub config: Config,
     pub tokenizer: TextTokenizer,
     pub model: Gpt,
+    /// The model's variables (base weights and, for a LoRA checkpoint, adapters).
+    pub varmap: VarMap,
     pub device: Device,
     /// The checkpoint directory the weights came from.
     pub dir: PathBuf,
@@ -41,30 +43,25 @@ pub struct LoadedModel {
 }
 
 /// Loads a checkpoint directory, or a run directory (its `best` checkpoint, else its latest).
+/// A LoRA checkpoint loads its base weights and then its adapters.
 pub fn load(path: &Path, device: Device) -> Result<LoadedModel> {
-    let dir = if path.join(checkpoint::STATE_FILE).is_file() {
-        path.to_path_buf()
-    } else if checkpoint::checkpoints_dir(path)
-        .join(checkpoint::BEST_DIR)
-        .join(checkpoint::STATE_FILE)
-        .is_file()
-    {
-        checkpoint::checkpoints_dir(path).join(checkpoint::BEST_DIR)
-    } else {
-        checkpoint::resolve(path, "latest")
-            .with_context(|| format!("--checkpoint {}: no checkpoint found", path.display()))?
-    };
+    let dir = checkpoint::resolve_for_reading(path)
+        .with_context(|| format!("--checkpoint {}", path.display()))?;
     let step = checkpoint::read_state(&dir)?.step;
     let config = checkpoint::read_config(&dir)?;
     let tokenizer = TextTokenizer::load(&dir.join(checkpoint::TOKENIZER_FILE))?;
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-    let model = Gpt::new(&config.model, vb)?;
-    checkpoint::load_weights(&dir, &varmap, &device)?;
+    let model = match &config.training.lora {
+        Some(lora) => Gpt::with_adapters(&config.model, lora, vb)?,
+        None => Gpt::new(&config.model, vb)?,
+    };
+    checkpoint::load_model(&dir, &config, &varmap, &device)?;
     Ok(LoadedModel {
         config,
         tokenizer,
         model,
+        varmap,
         device,
         dir,
         step,

@@ -239,8 +239,17 @@ pub struct TrainingConfig {
     pub save_steps: usize,
     /// Keep at most this many step checkpoints, oldest removed first (0 = keep all).
     pub save_total_limit: usize,
-    /// Start from this checkpoint's weights (a fresh run, not a resume).
+    /// Start from this checkpoint's weights (a fresh run, not a resume): a checkpoint
+    /// directory, or `hf:PATH` for a Hugging Face GPT-2, Llama or Mixtral directory
+    /// (`config.json`, `model.safetensors`, `tokenizer.json`), whose shape replaces `model.*`.
     pub init_from: Option<String>,
+    /// What the loss is: next-token prediction on text, or preference tuning on pairs.
+    pub objective: Objective,
+    /// Direct Preference Optimization settings, used when training.objective is dpo.
+    pub dpo: DpoConfig,
+    /// Low-rank adapters: train small matrices beside frozen base weights; absent = train
+    /// every weight.
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for TrainingConfig {
@@ -274,6 +283,64 @@ impl Default for TrainingConfig {
             save_steps: 100,
             save_total_limit: 3,
             init_from: None,
+            objective: Objective::Lm,
+            dpo: DpoConfig::default(),
+            lora: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// Mean next-token cross-entropy on data.dataset's text.
+    Lm,
+    /// DPO on data.dataset, a JSONL file of {"prompt", "chosen", "rejected"} records.
+    Dpo,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DpoConfig {
+    /// Strength of the pull towards the reference: the loss is -log sigmoid(beta · margin of
+    /// the log-probability ratios).
+    pub beta: f64,
+    /// The frozen model the policy is measured against: `init` (the starting weights; with
+    /// LoRA the same model with its adapters off, so no second copy is held), or a checkpoint
+    /// directory or `hf:PATH` of the same shape.
+    pub reference: String,
+}
+
+impl Default for DpoConfig {
+    fn default() -> Self {
+        DpoConfig {
+            beta: 0.1,
+            reference: "init".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraConfig {
+    /// Rank of each adapter: delta W = B·A with A (r, in) and B (out, r).
+    pub r: usize,
+    /// Scale numerator: the adapter's output is multiplied by alpha / r.
+    pub alpha: f64,
+    /// Dropout probability on the adapter's input while training (0 = off).
+    pub dropout: f64,
+    /// Projections that get adapters: q, k, v, o (attention), mlp_in, mlp_out (dense MLP),
+    /// expert_in, expert_out (every MoE expert, the shared one included).
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            r: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: vec!["q".to_string(), "v".to_string()],
         }
     }
 }
@@ -377,4 +444,4 @@ mod validate;
 
 pub use error::ConfigError;
 pub use load::PROFILES;
-pub use validate::DeviceSpec;
+pub use validate::{DeviceSpec, LORA_TARGETS};

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::{Config, MoeConfig};
+use super::{Config, LoraConfig, MoeConfig};
 
 /// The source the reference is read from.
 const SOURCE: &str = include_str!("mod.rs");
@@ -126,6 +126,7 @@ fn parse(source: &str) -> Result<Types, String> {
 fn defaults() -> Value {
     let mut full = Config::default();
     full.model.moe = Some(MoeConfig::default());
+    full.training.lora = Some(LoraConfig::default());
     serde_json::to_value(&full).unwrap_or(Value::Null)
 }
 
@@ -218,6 +219,7 @@ fn type_words(types: &Types, ty: &str) -> Option<String> {
         "usize" | "u64" | "u32" => "integer ≥ 0".to_string(),
         "f64" | "f32" => "number".to_string(),
         "bool" => "`true` or `false`".to_string(),
+        "Vec<String>" => "list of strings".to_string(),
         "String" => "string".to_string(),
         other => {
             let values: Vec<String> = types

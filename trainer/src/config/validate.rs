@@ -1,6 +1,18 @@
 //! Cross-field and range rules, checked before any work starts.
 
-use super::{Config, ConfigError, PositionKind};
+use super::{Config, ConfigError, Objective, PositionKind};
+
+/// The projections `training.lora.targets` may name.
+pub const LORA_TARGETS: &[&str] = &[
+    "q",
+    "k",
+    "v",
+    "o",
+    "mlp_in",
+    "mlp_out",
+    "expert_in",
+    "expert_out",
+];
 
 /// Where training runs, parsed from `training.device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,11 +196,86 @@ impl Config {
         t.device
             .parse::<DeviceSpec>()
             .map_err(|msg| ConfigError::invalid("training.device", msg))?;
-        if matches!(&t.init_from, Some(p) if p.trim().is_empty()) {
+        if matches!(&t.init_from, Some(p) if p.trim().is_empty() || p.trim() == "hf:") {
             return Err(ConfigError::invalid(
                 "training.init_from",
-                "must be a checkpoint path or null",
+                "must be a checkpoint path, hf:PATH or null",
             ));
+        }
+        self.validate_dpo()?;
+        self.validate_lora()
+    }
+
+    fn validate_dpo(&self) -> Result<(), ConfigError> {
+        let t = &self.training;
+        positive_f("training.dpo.beta", t.dpo.beta)?;
+        let reference = t.dpo.reference.trim();
+        if reference.is_empty() || reference == "hf:" {
+            return Err(ConfigError::invalid(
+                "training.dpo.reference",
+                "must be `init`, a checkpoint path or hf:PATH",
+            ));
+        }
+        if t.objective == Objective::Dpo && !self.data.dataset.ends_with(".jsonl") {
+            return Err(ConfigError::invalid(
+                "data.dataset",
+                format!(
+                    "training.objective dpo reads preference pairs from a .jsonl file of \
+                     {{\"prompt\", \"chosen\", \"rejected\"}} lines, got \"{}\"",
+                    self.data.dataset
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_lora(&self) -> Result<(), ConfigError> {
+        let Some(lora) = &self.training.lora else {
+            return Ok(());
+        };
+        positive("training.lora.r", lora.r)?;
+        positive_f("training.lora.alpha", lora.alpha)?;
+        unit_open("training.lora.dropout", lora.dropout)?;
+        if lora.targets.is_empty() {
+            return Err(ConfigError::invalid(
+                "training.lora.targets",
+                format!("must name at least one of {}", LORA_TARGETS.join(", ")),
+            ));
+        }
+        let moe = self.model.moe.as_ref();
+        let all_moe = moe.is_some_and(|m| m.every_n_layers == 1);
+        for (i, target) in lora.targets.iter().enumerate() {
+            let key = format!("training.lora.targets[{i}]");
+            if !LORA_TARGETS.contains(&target.as_str()) {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format!(
+                        "unknown projection \"{target}\"; the choices are {}",
+                        LORA_TARGETS.join(", ")
+                    ),
+                ));
+            }
+            if lora.targets[..i].contains(target) {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format!("\"{target}\" is listed twice"),
+                ));
+            }
+            if target.starts_with("expert_") && moe.is_none() {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format!("\"{target}\" adapts MoE experts, but the model has no model.moe"),
+                ));
+            }
+            if target.starts_with("mlp_") && all_moe {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format!(
+                        "\"{target}\" adapts dense MLPs, but every block is MoE \
+                         (use expert_in or expert_out)"
+                    ),
+                ));
+            }
         }
         Ok(())
     }

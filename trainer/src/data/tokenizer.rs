@@ -16,6 +16,8 @@ use super::{sources, DataError, Result};
 
 /// The end-of-text special token of BPE tokenizers.
 pub const EOT_TOKEN: &str = "<|endoftext|>";
+/// End-of-text tokens a loaded tokenizer may use, in order of preference.
+const END_OF_TEXT_TOKENS: [&str; 3] = [EOT_TOKEN, "</s>", "<|end_of_text|>"];
 /// Marker written by `save` for the raw-bytes tokenizer.
 const BYTES_MARKER_KEY: &str = "trainyard_tokenizer";
 /// A byte-level BPE needs its 256 byte symbols plus the end-of-text token.
@@ -35,14 +37,21 @@ fn tk_err(context: &str, e: impl std::fmt::Display) -> DataError {
 }
 
 impl TextTokenizer {
-    /// Wraps a `tokenizers` tokenizer, which must know `<|endoftext|>`.
+    /// Wraps a `tokenizers` tokenizer, which must know an end-of-text token: `<|endoftext|>`
+    /// (GPT-2 and the BPEs trained here), else `</s>` or `<|end_of_text|>` (Llama families).
     pub fn from_hf(tokenizer: Tokenizer) -> Result<Self> {
-        let eot = tokenizer.token_to_id(EOT_TOKEN).ok_or_else(|| {
-            DataError::invalid(
-                "data.tokenizer",
-                format!("tokenizer has no {EOT_TOKEN} token to separate documents"),
-            )
-        })?;
+        let eot = END_OF_TEXT_TOKENS
+            .iter()
+            .find_map(|t| tokenizer.token_to_id(t))
+            .ok_or_else(|| {
+                DataError::invalid(
+                    "data.tokenizer",
+                    format!(
+                        "tokenizer has none of the end-of-text tokens {} to separate documents",
+                        END_OF_TEXT_TOKENS.join(", ")
+                    ),
+                )
+            })?;
         Ok(TextTokenizer::Hf {
             tokenizer: Box::new(tokenizer),
             eot,

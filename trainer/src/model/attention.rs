@@ -1,10 +1,10 @@
 //! Causal multi-head self-attention with learned or rotary positions.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::{DropoutRng, Linear};
-use crate::config::{ModelConfig, PositionKind};
+use crate::config::{LoraConfig, ModelConfig, PositionKind};
 use crate::kernels::{CausalAttention, Rope};
 
 #[derive(Debug, Clone)]
@@ -41,14 +41,38 @@ impl CausalSelfAttention {
         })
     }
 
-    /// x (B, T, D) → (B, T, D). With an rng (training), the probabilities get dropout.
-    pub fn forward(&self, x: &Tensor, rng: Option<&mut DropoutRng>) -> Result<Tensor> {
-        let qkv = self.c_attn.forward(x)?; // (B, T, 3D)
+    /// LoRA adapters on the targeted projections (q, k, v, o).
+    pub fn adapt(&mut self, lora: &LoraConfig, vb: &VarBuilder) -> Result<()> {
+        let qkv: Vec<&str> = ["q", "k", "v"]
+            .into_iter()
+            .filter(|p| lora.targets.iter().any(|t| t == p))
+            .collect();
+        self.c_attn.adapt(lora, &qkv, &vb.pp("c_attn"))?;
+        if lora.targets.iter().any(|t| t == "o") {
+            self.c_proj.adapt(lora, &["o"], &vb.pp("c_proj"))?;
+        }
+        Ok(())
+    }
+
+    /// The same attention without adapters (sharing the weights).
+    pub fn without_adapters(&self) -> Self {
+        CausalSelfAttention {
+            c_attn: self.c_attn.without_adapter(),
+            c_proj: self.c_proj.without_adapter(),
+            ..self.clone()
+        }
+    }
+
+    /// x (B, T, D) → (B, T, D). With an rng (training), the probabilities get dropout (and
+    /// adapters their LoRA dropout).
+    pub fn forward(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<Tensor> {
+        let qkv = self.c_attn.forward_t(x, rng.as_deref_mut())?; // (B, T, 3D)
         let p = self.dropout;
         let probs_dropout = rng
+            .as_deref_mut()
             .filter(|_| p > 0.0)
             .map(|rng| move |att: &Tensor| rng.dropout(att, p));
         let y = self.attn.forward(&qkv, probs_dropout)?; // (B, T, D)
-        self.c_proj.forward(&y)
+        self.c_proj.forward_t(&y, rng)
     }
 }

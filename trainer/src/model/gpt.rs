@@ -7,7 +7,7 @@ use super::{
     maybe_dropout, CausalSelfAttention, DropoutRng, Embedding, Linear, Mlp, ModelOutput, MoeLayer,
     MoeLayerStats, Norm,
 };
-use crate::config::{Activation, ModelConfig, PositionKind};
+use crate::config::{Activation, LoraConfig, ModelConfig, PositionKind};
 
 #[derive(Debug, Clone)]
 enum FeedForward {
@@ -42,6 +42,30 @@ impl Block {
         })
     }
 
+    /// LoRA adapters on the projections `lora.targets` names; `vb` is the block's path.
+    pub fn adapt(&mut self, lora: &LoraConfig, vb: &VarBuilder) -> Result<()> {
+        self.attn.adapt(lora, &vb.pp("attn"))?;
+        let targets = |t: &str| lora.targets.iter().any(|x| x == t);
+        match &mut self.mlp {
+            FeedForward::Dense(mlp) => {
+                mlp.adapt(lora, targets("mlp_in"), targets("mlp_out"), &vb.pp("mlp"))
+            }
+            FeedForward::Moe(moe) => moe.adapt(lora, &vb.pp("mlp")),
+        }
+    }
+
+    /// The same block without adapters (sharing the weights).
+    pub fn without_adapters(&self) -> Self {
+        Block {
+            attn: self.attn.without_adapters(),
+            mlp: match &self.mlp {
+                FeedForward::Dense(mlp) => FeedForward::Dense(mlp.without_adapters()),
+                FeedForward::Moe(moe) => FeedForward::Moe(moe.without_adapters()),
+            },
+            ..self.clone()
+        }
+    }
+
     /// x (B, T, D) → (B, T, D), plus the MoE layer's weighted aux loss and stats.
     pub fn forward(
         &self,
@@ -54,7 +78,7 @@ impl Block {
         let x = (x + maybe_dropout(&a, self.dropout, rng.as_deref_mut())?)?;
         let h = self.ln_2.forward(&x)?;
         let (m, moe) = match &self.mlp {
-            FeedForward::Dense(mlp) => (mlp.forward(&h)?, None),
+            FeedForward::Dense(mlp) => (mlp.forward_t(&h, rng.as_deref_mut())?, None),
             FeedForward::Moe(moe) => {
                 let out = moe.forward(&h, rng.as_deref_mut())?;
                 (out.y, Some((out.aux_loss, out.stats)))
@@ -104,8 +128,31 @@ impl Gpt {
         })
     }
 
+    /// The same model with LoRA adapters on `lora.targets` (variables under `vb`, which should
+    /// come from `lora::var_builder` so the base weights are frozen).
+    pub fn with_adapters(cfg: &ModelConfig, lora: &LoraConfig, vb: VarBuilder) -> Result<Self> {
+        let mut gpt = Gpt::new(cfg, vb.clone())?;
+        for (i, block) in gpt.h.iter_mut().enumerate() {
+            block.adapt(lora, &vb.pp(format!("h.{i}")))?;
+        }
+        Ok(gpt)
+    }
+
+    /// The base model: the same weights without adapters (the DPO reference under LoRA).
+    pub fn without_adapters(&self) -> Self {
+        Gpt {
+            h: self.h.iter().map(Block::without_adapters).collect(),
+            ..self.clone()
+        }
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// Where the weights live.
+    pub fn device(&self) -> &candle_core::Device {
+        self.wte.table().device()
     }
 
     /// idx (B, T) u32 → logits (B, T, V). Pass a `DropoutRng` when training: it enables

@@ -49,7 +49,12 @@ pub fn init_weights(varmap: &VarMap, cfg: &ModelConfig, seed: u64) -> Result<()>
         .data()
         .lock()
         .map_err(|_| Error::Msg("variable map lock poisoned".to_string()))?;
-    let mut names: Vec<&String> = data.keys().collect();
+    // Adapters have their own stream (`lora::init_adapters`), so a base model initializes the
+    // same with or without them.
+    let mut names: Vec<&String> = data
+        .keys()
+        .filter(|n| !super::lora::is_adapter(n))
+        .collect();
     names.sort();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let resid_std = cfg.init_std / (2.0 * cfg.n_layers as f64).sqrt();

@@ -1,8 +1,11 @@
-//! A linear layer, y = x·Wᵀ + b, over the last dim of any input.
+//! A linear layer, y = x·Wᵀ + b, over the last dim of any input, optionally with LoRA adapters.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
+use super::lora::Adapter;
+use super::DropoutRng;
+use crate::config::LoraConfig;
 use crate::kernels;
 
 #[derive(Debug, Clone)]
@@ -11,6 +14,8 @@ pub struct Linear {
     weight: Tensor,
     /// (out,)
     bias: Option<Tensor>,
+    /// Low-rank updates beside the (then frozen) weight.
+    adapter: Option<Adapter>,
 }
 
 impl Linear {
@@ -29,7 +34,11 @@ impl Linear {
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            adapter: None,
+        })
     }
 
     /// A bias-free layer on an existing (out, in) weight, e.g. an output head tied to the
@@ -38,17 +47,45 @@ impl Linear {
         Linear {
             weight: weight.clone(),
             bias: None,
+            adapter: None,
         }
     }
 
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
+
+    /// Adds LoRA adapters for `parts` (target names) under `vb`, the layer's own path.
+    pub fn adapt(&mut self, lora: &LoraConfig, parts: &[&str], vb: &VarBuilder) -> Result<()> {
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let (out_dim, in_dim) = self.weight.dims2()?;
+        self.adapter = Some(Adapter::new(lora, parts, in_dim, out_dim, vb)?);
+        Ok(())
+    }
+
+    /// The same layer without its adapters (sharing the weights): the base model.
+    pub fn without_adapter(&self) -> Self {
+        Linear {
+            adapter: None,
+            ..self.clone()
+        }
+    }
+
+    /// (.., in) → (.., out). With an rng (training), the adapters' input gets LoRA dropout.
+    pub fn forward_t(&self, x: &Tensor, rng: Option<&mut DropoutRng>) -> Result<Tensor> {
+        let y = kernels::linear(x, &self.weight, self.bias.as_ref())?;
+        match &self.adapter {
+            Some(adapter) => y + adapter.forward(x, rng)?,
+            None => Ok(y),
+        }
+    }
 }
 
 impl Module for Linear {
     /// (.., in) → (.., out)
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        kernels::linear(x, &self.weight, self.bias.as_ref())
+        self.forward_t(x, None)
     }
 }

@@ -3,8 +3,8 @@
 use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
-use super::Linear;
-use crate::config::{Activation, ModelConfig};
+use super::{DropoutRng, Linear};
+use crate::config::{Activation, LoraConfig, ModelConfig};
 use crate::kernels;
 
 #[derive(Debug, Clone)]
@@ -31,12 +31,36 @@ impl Mlp {
             d_ff,
         })
     }
-}
 
-impl Module for Mlp {
-    /// (.., d) → (.., d)
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.c_fc.forward(x)?; // (.., d_ff or 2·d_ff)
+    /// LoRA adapters on the input and/or output projection, as `inp` and `out` are targeted.
+    pub fn adapt(
+        &mut self,
+        lora: &LoraConfig,
+        inp: bool,
+        out: bool,
+        vb: &VarBuilder,
+    ) -> Result<()> {
+        if inp {
+            self.c_fc.adapt(lora, &["in"], &vb.pp("c_fc"))?;
+        }
+        if out {
+            self.c_proj.adapt(lora, &["out"], &vb.pp("c_proj"))?;
+        }
+        Ok(())
+    }
+
+    /// The same MLP without adapters (sharing the weights).
+    pub fn without_adapters(&self) -> Self {
+        Mlp {
+            c_fc: self.c_fc.without_adapter(),
+            c_proj: self.c_proj.without_adapter(),
+            ..self.clone()
+        }
+    }
+
+    /// (.., d) → (.., d). With an rng (training), adapters get their dropout.
+    pub fn forward_t(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<Tensor> {
+        let h = self.c_fc.forward_t(x, rng.as_deref_mut())?; // (.., d_ff or 2·d_ff)
         let h = match self.activation {
             Activation::Gelu => kernels::gelu_tanh(&h)?, // tanh approximation, as GPT-2
             Activation::Swiglu => {
@@ -45,6 +69,13 @@ impl Module for Mlp {
                 (gate.silu()? * up)?
             }
         };
-        self.c_proj.forward(&h) // (.., d)
+        self.c_proj.forward_t(&h, rng) // (.., d)
+    }
+}
+
+impl Module for Mlp {
+    /// (.., d) → (.., d)
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_t(x, None)
     }
 }

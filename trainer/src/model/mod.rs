@@ -8,6 +8,7 @@ mod embedding;
 mod gpt;
 mod init;
 mod linear;
+pub mod lora;
 mod mlp;
 pub mod moe;
 mod norm;

@@ -9,6 +9,8 @@
 //! fresh ones.
 
 pub mod device;
+pub mod dpo;
+pub mod finetune;
 pub mod mfu;
 pub mod run;
 #[cfg(test)]
@@ -18,9 +20,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{VarBuilder, VarMap};
+use candle_nn::VarMap;
 
 use crate::checkpoint::{self, Snapshot, TrainState};
 use crate::config::Config;
@@ -63,28 +65,18 @@ pub struct Trainer {
     state: TrainState,
     tokenizer_json: String,
     num_params: usize,
+    /// Parameters the optimizer updates (with LoRA, the adapters only).
+    trainable_params: usize,
+    /// With LoRA: the base weights the adapters go with, saved beside them.
+    base: Option<checkpoint::BaseRef>,
+    /// With `training.objective: dpo`: the pairs and the frozen reference.
+    preference: Option<dpo::Preference>,
 }
 
 impl Trainer {
     /// A fresh run from `cfg` (weights from `training.init_from` when set), on `device`.
     pub fn new(cfg: Config, device: Device) -> Result<Self> {
-        let init_from = cfg
-            .training
-            .init_from
-            .as_ref()
-            .map(|p| checkpoint::resolve(Path::new("."), p))
-            .transpose()
-            .context("training.init_from")?;
-        let tokenizer_hint = init_from
-            .as_ref()
-            .map(|d| d.join(checkpoint::TOKENIZER_FILE));
-        let trainer = Trainer::build(cfg, device, tokenizer_hint.as_deref(), None)?;
-        if let Some(dir) = init_from {
-            checkpoint::load_weights(&dir, &trainer.varmap, &trainer.device)
-                .context("training.init_from")?;
-            tracing::info!(from = %dir.display(), "initialized weights from checkpoint");
-        }
-        Ok(trainer)
+        Trainer::build(cfg, device, None, None)
     }
 
     /// Continues from the checkpoint in `dir` with `cfg` (normally the checkpoint's own config,
@@ -93,7 +85,7 @@ impl Trainer {
         let state = checkpoint::read_state(dir)?;
         let tokenizer = dir.join(checkpoint::TOKENIZER_FILE);
         let mut trainer = Trainer::build(cfg, device, Some(&tokenizer), Some(state))?;
-        checkpoint::load_weights(dir, &trainer.varmap, &trainer.device)?;
+        checkpoint::load_model(dir, &trainer.cfg, &trainer.varmap, &trainer.device)?;
         if checkpoint::has_optimizer(dir) {
             checkpoint::load_optimizer(dir, trainer.optimizer.as_mut(), &trainer.device)?;
             tracing::info!(from = %dir.display(), step = trainer.state.step, "resumed");
@@ -108,22 +100,38 @@ impl Trainer {
         Ok(trainer)
     }
 
+    /// A trainer for `cfg`: base weights from `training.init_from` (a checkpoint or `hf:PATH`,
+    /// whose tokenizer it keeps unless `tokenizer_hint`, a resumed checkpoint's, says otherwise),
+    /// LoRA adapters and the DPO reference when configured.
     fn build(
-        cfg: Config,
+        mut cfg: Config,
         device: Device,
         tokenizer_hint: Option<&Path>,
         state: Option<TrainState>,
     ) -> Result<Self> {
-        let data = data::prepare(&cfg, tokenizer_hint)?;
+        let init_from = finetune::resolve_init_from(&mut cfg)?;
+        let init_spec = init_from.as_ref().map(|(spec, _)| spec.as_str());
+        let tokenizer_hint = tokenizer_hint.or(init_from.as_ref().map(|(_, tok)| tok.as_path()));
+        let (varmap, model, params) = finetune::build_model(&cfg, init_spec, &device)?;
+        let (data, preference) = if finetune::is_dpo(&cfg) {
+            let (data, pref) =
+                finetune::prepare_preferences(&cfg, tokenizer_hint, init_spec, &model, &device)?;
+            (data, Some(pref))
+        } else {
+            (data::prepare(&cfg, tokenizer_hint)?, None)
+        };
         let t = &cfg.training;
-        let eval_batches =
-            data::eval_batches(&data.val, t.batch_size, t.seq_len, t.eval_iters.max(1))?;
-        let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-        let model = Gpt::new(&cfg.model, vb)?;
-        model::init_weights(&varmap, &cfg.model, t.seed)?;
+        let eval_batches = match preference {
+            Some(_) => Vec::new(),
+            None => {
+                data::eval_batches(&data.val, t.batch_size, t.seq_len, t.eval_iters.max(1))?
+            }
+        };
         let num_params = model::num_params(&varmap);
-        let params = optim::params_from_varmap(&varmap, model::is_decayed);
+        let trainable_params = params.iter().map(|p| p.var.elem_count()).sum();
+        let base = t.lora.as_ref().map(|_| checkpoint::BaseRef {
+            init_from: init_spec.map(str::to_string),
+        });
         let optimizer = optim::build(t, params)?;
         let state = state.unwrap_or_else(|| TrainState {
             step: 0,
@@ -150,6 +158,9 @@ impl Trainer {
             state,
             tokenizer_json,
             num_params,
+            trainable_params,
+            base,
+            preference,
         })
     }
 
@@ -173,19 +184,44 @@ impl Trainer {
         self.num_params
     }
 
+    /// Parameters the optimizer updates: all of them, or with LoRA the adapters.
+    pub fn trainable_params(&self) -> usize {
+        self.trainable_params
+    }
+
+    /// Scalars of optimizer state (moments), which the optimizer keeps only for trainable
+    /// parameters.
+    pub fn optimizer_state_scalars(&self) -> Result<usize> {
+        Ok(self.optimizer.state()?.values().map(Tensor::elem_count).sum())
+    }
+
+    /// The model being trained.
+    pub fn model(&self) -> &Gpt {
+        &self.model
+    }
+
+    /// Every variable (base weights and adapters) by name.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
     pub fn data(&self) -> &PreparedData {
         &self.data
     }
 
     /// One optimizer step: `grad_accum_steps` forward/backward passes, clipping, the update.
     pub fn step(&mut self) -> Result<StepStats> {
+        if self.preference.is_some() {
+            return self.dpo_step();
+        }
         let started = Instant::now();
         let t = &self.cfg.training;
         let _autocast = kernels::autocast::autocast(t.precision);
         let accum = t.grad_accum_steps.max(1);
         let step_index = self.state.step; // 0-based index of this step
         let lr = lr_at(t, step_index as usize);
-        let mut dropout = (self.cfg.model.dropout > 0.0)
+        let lora_dropout = t.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
+        let mut dropout = (self.cfg.model.dropout > 0.0 || lora_dropout)
             .then(|| DropoutRng::new(dropout_seed_for(self.state.dropout_seed, step_index)));
         let params: Vec<Tensor> = self
             .optimizer
@@ -243,6 +279,20 @@ impl Trainer {
         })
     }
 
+    /// The validation metrics of an evaluation and `val/loss` (what early stopping and the
+    /// best checkpoint follow): `val/loss` and `val/ppl`, or for DPO `val/dpo/...`.
+    pub fn evaluate(&self) -> Result<(f64, BTreeMap<String, f64>)> {
+        if self.preference.is_some() {
+            return self.dpo_evaluate();
+        }
+        let val = self.estimate_loss()?;
+        let metrics = BTreeMap::from([
+            ("val/loss".to_string(), val),
+            ("val/ppl".to_string(), val.exp()),
+        ]);
+        Ok((val, metrics))
+    }
+
     /// Mean validation loss over the fixed `eval_iters` validation batches (no dropout).
     pub fn estimate_loss(&self) -> Result<f64> {
         let _autocast = kernels::autocast::autocast(self.cfg.training.precision);
@@ -263,6 +313,7 @@ impl Trainer {
             state: &self.state,
             config: &self.cfg,
             tokenizer_json: &self.tokenizer_json,
+            base: self.base.as_ref(),
         }
     }
 

@@ -117,6 +117,7 @@ fn train(
     let stats = &trainer.data().stats;
     tracing::info!(
         params = trainer.num_params(),
+        trainable = trainer.trainable_params(),
         train_tokens = stats.train_tokens,
         val_tokens = stats.val_tokens,
         vocab = stats.vocab_size,
@@ -155,17 +156,27 @@ fn train(
                 mfu::mfu(tokens_per_s, flops_per_token, peak),
             );
         }
+        #[cfg(feature = "cuda")]
+        if let Ok(Some(bytes)) = crate::kernels::cuda::peak_pool_bytes(trainer.device()) {
+            metrics.insert(
+                "perf/gpu_mem_peak_gib".into(),
+                bytes as f64 / (1u64 << 30) as f64,
+            );
+        }
         if first_line {
             metrics.insert("model/params".into(), trainer.num_params() as f64);
+            metrics.insert(
+                "model/trainable_params".into(),
+                trainer.trainable_params() as f64,
+            );
             first_line = false;
         }
         let last = s.step == max_steps;
         let eval_now = (t.eval_steps > 0 && s.step % t.eval_steps as u64 == 0) || last;
         let mut improved = false;
         if eval_now {
-            let val = trainer.estimate_loss()?;
-            metrics.insert("val/loss".into(), val);
-            metrics.insert("val/ppl".into(), val.exp());
+            let (val, val_metrics) = trainer.evaluate()?;
+            metrics.extend(val_metrics);
             let patience = t.early_stopping_patience;
             improved = trainer.state_mut().record_eval(val, patience);
         }

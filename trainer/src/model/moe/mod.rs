@@ -11,7 +11,7 @@ mod routing;
 pub use routing::{route, RoutePlan};
 
 use super::{DropoutRng, Linear, Mlp};
-use crate::config::{ModelConfig, MoeConfig};
+use crate::config::{LoraConfig, ModelConfig, MoeConfig};
 
 /// Routing statistics of one MoE layer for one forward pass (telemetry).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +70,28 @@ impl MoeLayer {
         })
     }
 
+    /// LoRA adapters on every expert's (and the shared expert's) targeted projections.
+    pub fn adapt(&mut self, lora: &LoraConfig, vb: &VarBuilder) -> Result<()> {
+        let inp = lora.targets.iter().any(|t| t == "expert_in");
+        let out = lora.targets.iter().any(|t| t == "expert_out");
+        for (e, expert) in self.experts.iter_mut().enumerate() {
+            expert.adapt(lora, inp, out, &vb.pp("experts").pp(e))?;
+        }
+        if let Some(shared) = &mut self.shared_expert {
+            shared.adapt(lora, inp, out, &vb.pp("shared_expert"))?;
+        }
+        Ok(())
+    }
+
+    /// The same layer without adapters (sharing the weights).
+    pub fn without_adapters(&self) -> Self {
+        MoeLayer {
+            experts: self.experts.iter().map(Mlp::without_adapters).collect(),
+            shared_expert: self.shared_expert.as_ref().map(Mlp::without_adapters),
+            ..self.clone()
+        }
+    }
+
     /// Expert capacity for `n` tokens: ceil(capacity_factor · n · top_k / num_experts).
     pub fn capacity(&self, n: usize) -> Option<usize> {
         (self.cfg.capacity_factor > 0.0).then(|| {
@@ -80,13 +102,13 @@ impl MoeLayer {
     }
 
     /// x (.., D) → (.., D). With an rng (training), router inputs get multiplicative jitter.
-    pub fn forward(&self, x: &Tensor, rng: Option<&mut DropoutRng>) -> Result<MoeOutput> {
+    pub fn forward(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<MoeOutput> {
         let dims = x.dims().to_vec();
         let d = dims[dims.len() - 1];
         let (e, k) = (self.cfg.num_experts, self.cfg.top_k);
         let xf = x.reshape(((), d))?; // (N, D)
         let n = xf.dim(0)?;
-        let router_in = match rng {
+        let router_in = match rng.as_deref_mut() {
             Some(rng) if self.cfg.router_jitter > 0.0 => rng.jitter(&xf, self.cfg.router_jitter)?,
             _ => xf.clone(),
         };
@@ -103,9 +125,9 @@ impl MoeLayer {
         } else {
             top_p
         };
-        let mut y = self.experts_forward(&xf, &gates, &plan)?; // (N, D)
+        let mut y = self.experts_forward(&xf, &gates, &plan, rng.as_deref_mut())?; // (N, D)
         if let Some(shared) = &self.shared_expert {
-            y = (y + shared.forward(&xf)?)?;
+            y = (y + shared.forward_t(&xf, rng)?)?;
         }
         let (aux_loss, stats) = self.router_losses(&logits, &probs, &host, &plan)?;
         Ok(MoeOutput {
@@ -117,7 +139,13 @@ impl MoeLayer {
 
     /// Σ over each token's kept assignments of gate · expert(x): every expert runs once on its
     /// kept tokens, grouped by `plan`. xf (N, D), gates (N, k) → (N, D).
-    fn experts_forward(&self, xf: &Tensor, gates: &Tensor, plan: &RoutePlan) -> Result<Tensor> {
+    fn experts_forward(
+        &self,
+        xf: &Tensor,
+        gates: &Tensor,
+        plan: &RoutePlan,
+        mut rng: Option<&mut DropoutRng>,
+    ) -> Result<Tensor> {
         let y = xf.zeros_like()?; // (N, D)
         if plan.tokens.is_empty() {
             return Ok(y);
@@ -130,7 +158,8 @@ impl MoeLayer {
         let mut offset = 0;
         for (expert, &count) in self.experts.iter().zip(&plan.kept) {
             if count > 0 {
-                outs.push(expert.forward(&xs.narrow(0, offset, count)?)?); // (count, D)
+                let xe = xs.narrow(0, offset, count)?;
+                outs.push(expert.forward_t(&xe, rng.as_deref_mut())?); // (count, D)
                 offset += count;
             }
         }
