@@ -2,7 +2,8 @@
 // reload, and resumes in place. The panels' markup is the server's (GET /runs/{id}/panels
 // renders the same templates as the page); they are fetched again whenever the status badge
 // changes (run.js updates it from the live stream) and every 30 s while the run is running
-// (checkpoints appear as it saves). Resume forms post to the API instead of navigating, so the
+// (checkpoints appear as it saves), with the run's parameter count and, once it has finished,
+// its Hugging Face download. Resume forms post to the API instead of navigating, so the
 // charts and the log keep their stream and simply go on.
 import { runPath, sendJSON } from "./api.js";
 
@@ -11,7 +12,7 @@ const runId = root?.dataset.runId;
 const badge = document.getElementById("status-badge");
 const REFRESH_MS = 30_000;
 
-const PANELS = ["status-reason", "checkpoints-panel", "history"];
+const PANELS = ["status-reason", "run-model", "checkpoints-panel", "history"];
 
 async function refresh() {
   if (!runId) return;

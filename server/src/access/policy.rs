@@ -163,6 +163,11 @@ const RULES: &[(Method, &str, Rule)] = &[
         Rule::Run(Level::Read),
     ),
     (
+        Method::GET,
+        "/api/v1/runs/{id}/export/hf",
+        Rule::Run(Level::Read),
+    ),
+    (
         Method::POST,
         "/api/v1/runs/{id}/checkpoints/{name}/sample",
         Rule::Run(Level::Edit),

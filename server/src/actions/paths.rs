@@ -86,12 +86,46 @@ pub fn resolve_paths(cfg: &mut Config, base: &Base, token_cache: &Path) -> Resul
         // `latest` names the run's own newest checkpoint, which a fresh launch cannot have; the
         // trainer says so itself.
         if written != "latest" && !written.trim().is_empty() {
-            let path = base.resolve(&written);
-            check_exists("training.init_from", &path, Kind::Dir, &base.how(&written))?;
-            cfg.training.init_from = Some(path.display().to_string());
+            cfg.training.init_from = Some(resolve_weights("training.init_from", &written, base)?);
         }
     }
+    let reference = cfg.training.dpo.reference.clone();
+    // `init` is the run's own starting model; anything else is a checkpoint or `hf:` directory.
+    if reference.trim() != "init" && !reference.trim().is_empty() {
+        cfg.training.dpo.reference = resolve_weights("training.dpo.reference", &reference, base)?;
+    }
     Ok(())
+}
+
+/// Starting or reference weights: a checkpoint directory, or `hf:PATH`, a Hugging Face
+/// directory, whose path resolves the same way and which must hold the `config.json` the trainer
+/// reads the model's shape from. The prefix is kept.
+fn resolve_weights(key: &str, written: &str, base: &Base) -> Result<String, Invalid> {
+    let Some(rest) = written.strip_prefix(trainer::hf::PREFIX) else {
+        let path = base.resolve(written);
+        check_exists(key, &path, Kind::Dir, &base.how(written))?;
+        return Ok(path.display().to_string());
+    };
+    let rest = rest.trim();
+    if rest.is_empty() {
+        return Err(Invalid::new(
+            key,
+            format!("{key}: hf: needs the path of a Hugging Face model directory after it"),
+        ));
+    }
+    let path = base.resolve(rest);
+    let how = base.how(rest);
+    check_exists(key, &path, Kind::Dir, &how)?;
+    check_exists(
+        key,
+        &path.join(trainer::hf::CONFIG_FILE),
+        Kind::File,
+        &format!(
+            " (a Hugging Face model directory holds {})",
+            trainer::hf::CONFIG_FILE
+        ),
+    )?;
+    Ok(format!("{}{}", trainer::hf::PREFIX, path.display()))
 }
 
 /// A dataset file, directory or glob, made absolute; a glob must match something.
@@ -165,6 +199,55 @@ mod tests {
 
     fn base(dir: &Path) -> Base {
         Base::of(Some(&dir.display().to_string()), Path::new("/nowhere")).unwrap()
+    }
+
+    #[test]
+    fn a_hugging_face_directory_keeps_its_prefix_and_resolves_like_other_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("gpt2")).unwrap();
+        std::fs::write(dir.path().join("gpt2/config.json"), "{}").unwrap();
+        std::fs::create_dir_all(dir.path().join("empty")).unwrap();
+        let root = dir.path().display();
+        let mut cfg = Config::default();
+        cfg.training.init_from = Some("hf: gpt2".into());
+        cfg.training.dpo.reference = "hf:gpt2".into();
+        resolve_paths(&mut cfg, &base(dir.path()), Path::new("/c")).unwrap();
+        let want = format!("hf:{root}/gpt2");
+        assert_eq!(cfg.training.init_from.as_deref(), Some(want.as_str()));
+        assert_eq!(cfg.training.dpo.reference, want);
+        // An absolute path stays as written.
+        cfg.training.init_from = Some(want.clone());
+        cfg.training.dpo.reference = "init".into();
+        resolve_paths(&mut cfg, &base(dir.path()), Path::new("/c")).unwrap();
+        assert_eq!(cfg.training.init_from.as_deref(), Some(want.as_str()));
+        assert_eq!(cfg.training.dpo.reference, "init");
+
+        let cases = [
+            ("hf:missing", format!("{root}/missing does not exist")),
+            (
+                "hf:empty",
+                format!("{root}/empty/config.json does not exist"),
+            ),
+            ("hf:gpt2/config.json", "is a file".to_string()),
+            ("hf:", "hf: needs the path".to_string()),
+        ];
+        for (written, needle) in &cases {
+            for key in ["training.init_from", "training.dpo.reference"] {
+                let mut cfg = Config::default();
+                if key == "training.init_from" {
+                    cfg.training.init_from = Some(written.to_string());
+                } else {
+                    cfg.training.dpo.reference = written.to_string();
+                }
+                let e = resolve_paths(&mut cfg, &base(dir.path()), Path::new("/c")).unwrap_err();
+                assert_eq!(e.field, key, "{written}");
+                assert!(
+                    e.message.contains(needle.as_str()),
+                    "{written}: {}",
+                    e.message
+                );
+            }
+        }
     }
 
     #[test]

@@ -40,3 +40,65 @@ async fn the_chart_layout_groups_a_runs_keys_as_its_page_does() {
         .await;
     assert_eq!(missing.status().as_u16(), 404);
 }
+
+#[tokio::test]
+async fn a_dpo_runs_preference_metrics_get_charts_of_their_own() {
+    let app = spawn_app().await;
+    let id = app.create_run("dpo").await;
+    // What a DPO run reports: its loss as the loss, and the preference statistics of the train
+    // and validation splits.
+    let stats: Vec<(String, f64)> = ["dpo/", "val/dpo/"]
+        .iter()
+        .flat_map(|prefix| {
+            [
+                ("loss", 0.69),
+                ("reward_accuracy", 0.5),
+                ("chosen_reward", 0.01),
+                ("rejected_reward", -0.01),
+                ("margin", 0.02),
+            ]
+            .map(|(leaf, value)| (format!("{prefix}{leaf}"), value))
+        })
+        .collect();
+    let mut points = vec![("train/loss", 5, 0.69), ("val/loss", 5, 0.7)];
+    points.extend(stats.iter().map(|(k, v)| (k.as_str(), 5, *v)));
+    app.post_points(&id, &points).await;
+    let layout = app.get_json(&format!("/api/v1/runs/{id}/charts")).await;
+    let charts: Vec<(String, Vec<String>)> = layout["charts"]
+        .as_array()
+        .expect("charts")
+        .iter()
+        .map(|c| {
+            let keys = c["keys"].as_array().expect("keys");
+            let keys = keys.iter().map(|k| k.as_str().expect("key").to_string());
+            (
+                c["title"].as_str().expect("title").to_string(),
+                keys.collect(),
+            )
+        })
+        .collect();
+    let want = [
+        ("Loss", vec!["train/loss", "val/loss"]),
+        ("DPO loss", vec!["dpo/loss", "val/dpo/loss"]),
+        (
+            "DPO reward accuracy",
+            vec!["dpo/reward_accuracy", "val/dpo/reward_accuracy"],
+        ),
+        (
+            "DPO rewards (chosen, rejected, margin)",
+            vec![
+                "dpo/chosen_reward",
+                "dpo/margin",
+                "dpo/rejected_reward",
+                "val/dpo/chosen_reward",
+                "val/dpo/margin",
+                "val/dpo/rejected_reward",
+            ],
+        ),
+    ];
+    let want: Vec<(String, Vec<String>)> = want
+        .iter()
+        .map(|(t, ks)| (t.to_string(), ks.iter().map(|k| k.to_string()).collect()))
+        .collect();
+    assert_eq!(charts, want);
+}

@@ -16,6 +16,7 @@ mod errors;
 mod events;
 mod experiments;
 mod experts;
+mod export;
 mod exposure;
 mod launch_paths;
 mod limits;

@@ -305,3 +305,56 @@ async fn a_mistake_gets_the_same_status_and_message_from_the_api_and_from_a_page
     assert_eq!(run["notes"], "");
     assert_eq!(run["tags"], json!({}));
 }
+
+#[tokio::test]
+async fn the_model_size_and_the_hugging_face_download_show_once_reported_and_finished() {
+    let app = spawn_app().await;
+    let id = app
+        .create_run(json!({"experiment": "hf", "name": "hf"}))
+        .await;
+    let link = format!("href=\"/api/v1/runs/{id}/export/hf\"");
+    // Nothing to say before the run reports its size, nor a download while it runs.
+    app.patch(&id, json!({"status": "running"})).await;
+    for path in [format!("/runs/{id}"), format!("/runs/{id}/panels")] {
+        let (status, html) = get_text(&app, &path).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(html.contains("id=\"run-model\""), "{path}");
+        assert!(!html.contains("id=\"parameters\""), "{path}");
+        assert!(!html.contains(&link), "{path}");
+    }
+    app.post_points(
+        &id,
+        json!([
+            {"key": "model/params", "step": 1, "value": 1234567.0},
+            {"key": "model/trainable_params", "step": 1, "value": 4096.0},
+        ]),
+    )
+    .await;
+    write_checkpoint(
+        &app.data_dir.join("runs").join(&id),
+        "step-000010",
+        10,
+        None,
+    );
+    let (_, html) = get_text(&app, &format!("/runs/{id}/panels")).await;
+    assert!(html.contains("1.2M parameters (4.1k trainable)"), "{html}");
+    assert!(!html.contains(&link), "no download while running");
+    // Finished, the page and the panels it swaps in live offer the download.
+    app.patch(&id, json!({"status": "finished"})).await;
+    for path in [format!("/runs/{id}"), format!("/runs/{id}/panels")] {
+        let (_, html) = get_text(&app, &path).await;
+        assert!(html.contains(&link), "{path}");
+        assert!(html.contains("Download for Hugging Face"), "{path}");
+        assert!(html.contains("1.2M parameters (4.1k trainable)"), "{path}");
+    }
+    // A finished run without a checkpoint has nothing to download.
+    let bare = app
+        .create_run(json!({"experiment": "hf", "name": "bare"}))
+        .await;
+    app.patch(&bare, json!({"status": "finished"})).await;
+    let (_, html) = get_text(&app, &format!("/runs/{bare}")).await;
+    assert!(
+        !html.contains("/export/hf"),
+        "no download without a checkpoint"
+    );
+}

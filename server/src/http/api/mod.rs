@@ -8,6 +8,7 @@ pub mod checkpoints;
 pub mod events;
 pub mod experiments;
 pub mod experts;
+pub mod export;
 pub mod health;
 pub mod launch;
 pub mod logs;
@@ -31,6 +32,7 @@ pub fn api_router() -> Router<AppState> {
         .merge(runs::router())
         .merge(launch::router())
         .merge(checkpoints::router())
+        .merge(export::router())
         .merge(logs::router())
         .merge(metrics::router())
         .merge(experts::router())

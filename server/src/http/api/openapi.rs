@@ -51,6 +51,7 @@ use crate::app::AppState;
         super::launch::stop_run,
         super::checkpoints::list_checkpoints,
         super::checkpoints::download,
+        super::export::export_hf,
         super::checkpoints::sample,
         super::checkpoints::resume,
         super::logs::get_logs,

@@ -49,6 +49,8 @@ pub async fn panels(State(state): State<AppState>, Path(id): Path<String>) -> Pa
             resumable: resumable(run.status, &checkpoints),
             status: run.status.as_str(),
             status_reason: super::run::status_reason(&events, run.status),
+            parameters: super::run::parameters_label(&run.latest_metrics),
+            export_href: super::run::export_href(&run, &checkpoints),
             id,
         },
         checkpoints,

@@ -82,6 +82,8 @@ pub(super) async fn run_page(
             tags: tag_labels(&run.tags),
             notes: run.notes.clone(),
             executor: executor_label(&run.tags),
+            parameters: parameters_label(&run.latest_metrics),
+            export_href: export_href(&run, &checkpoints),
         },
         heatmaps: heatmap_cards(&keys),
         charts,
@@ -109,6 +111,50 @@ pub(super) async fn run_page(
         can_manage,
     };
     html(view)
+}
+
+/// The Hugging Face download of a finished run with a checkpoint (what the API offers).
+pub(super) fn export_href(
+    run: &crate::store::Run,
+    checkpoints: &[CheckpointRow],
+) -> Option<String> {
+    (run.status == RunStatus::Finished && !checkpoints.is_empty())
+        .then(|| format!("/api/v1/runs/{}/export/hf", run.id))
+}
+
+/// The parameter count a run reported at its first step, with how many of them train (fewer
+/// with LoRA): "1.2M parameters (4.1k trainable)".
+pub(super) fn parameters_label(
+    latest: &std::collections::BTreeMap<String, crate::store::LatestMetric>,
+) -> Option<String> {
+    let count = |key: &str| {
+        latest
+            .get(key)
+            .map(|m| m.value)
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let total = count("model/params")?;
+    let mut label = format!("{} parameters", fmt_count(total));
+    if let Some(trainable) = count("model/trainable_params") {
+        label.push_str(&format!(" ({} trainable)", fmt_count(trainable)));
+    }
+    Some(label)
+}
+
+/// A count in three significant figures at most: 4096 → "4.1k", 1234567 → "1.2M", 999999 →
+/// "1.0M", 42 → "42".
+fn fmt_count(n: f64) -> String {
+    const UNITS: [(f64, &str); 4] = [(1e3, "k"), (1e6, "M"), (1e9, "B"), (1e12, "T")];
+    let n = n.round();
+    let Some(mut unit) = UNITS.iter().rposition(|(scale, _)| n >= *scale) else {
+        return format!("{n:.0}");
+    };
+    // 999_999 would round to "1000.0k": the next unit says it ("1.0M").
+    if unit + 1 < UNITS.len() && (n / UNITS[unit].0 * 10.0).round() >= 10_000.0 {
+        unit += 1;
+    }
+    let (scale, suffix) = UNITS[unit];
+    format!("{:.1}{suffix}", n / scale)
 }
 
 /// Why the run is in `status`: the reason of the change that put it there.
@@ -313,5 +359,58 @@ fn executor_label(tags: &std::collections::BTreeMap<String, String>) -> Option<S
             Some(parts.join(" · "))
         }
         other => Some(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod parameter_tests {
+    use super::*;
+    use crate::store::LatestMetric;
+
+    fn metrics(pairs: &[(&str, f64)]) -> std::collections::BTreeMap<String, LatestMetric> {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                let m = LatestMetric {
+                    step: 1,
+                    value: *v,
+                    time: 0,
+                };
+                (k.to_string(), m)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_parameter_label_says_how_many_parameters_train() {
+        let cases: [(&[(&str, f64)], Option<&str>); 6] = [
+            (
+                &[
+                    ("model/params", 1_234_567.0),
+                    ("model/trainable_params", 4096.0),
+                ],
+                Some("1.2M parameters (4.1k trainable)"),
+            ),
+            (
+                &[
+                    ("model/params", 51_000.0),
+                    ("model/trainable_params", 51_000.0),
+                ],
+                Some("51.0k parameters (51.0k trainable)"),
+            ),
+            (&[("model/params", 999_999.0)], Some("1.0M parameters")),
+            (&[("model/params", 7.0e9)], Some("7.0B parameters")),
+            (&[("model/trainable_params", 10.0)], None),
+            (&[("model/params", f64::NAN)], None),
+        ];
+        for (pairs, want) in cases {
+            assert_eq!(
+                parameters_label(&metrics(pairs)).as_deref(),
+                want,
+                "{pairs:?}"
+            );
+        }
+        assert_eq!(fmt_count(42.0), "42");
+        assert_eq!(fmt_count(999.0), "999");
     }
 }

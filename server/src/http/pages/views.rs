@@ -100,6 +100,11 @@ pub struct RunHeader {
     pub notes: String,
     /// Where a launched run executes: `local`, or `Slurm job 12 · partition gpu · RUNNING`.
     pub executor: Option<String>,
+    /// "1.2M parameters (4.1k trainable)" from the run's `model/params` and
+    /// `model/trainable_params`, when it reported them.
+    pub parameters: Option<String>,
+    /// The Hugging Face export's download, offered once the run has finished with a checkpoint.
+    pub export_href: Option<String>,
 }
 
 pub struct ChartCard {
@@ -166,6 +171,9 @@ pub struct PanelRun {
     pub status: &'static str,
     pub status_reason: String,
     pub resumable: bool,
+    /// As in [`RunHeader`].
+    pub parameters: Option<String>,
+    pub export_href: Option<String>,
 }
 
 #[derive(Template)]

@@ -75,6 +75,18 @@ fn group_of(key: &str) -> Option<(u8, String)> {
     if moe_keys::parse_expert(key).is_some() {
         return None;
     }
+    // DPO's metrics, train and validation together: its loss beside the loss chart, the reward
+    // accuracy, and the chosen and rejected rewards with their margin (one scale).
+    if let Some(rest) = key
+        .strip_prefix("dpo/")
+        .or_else(|| key.strip_prefix("val/dpo/"))
+    {
+        return Some(match rest {
+            "loss" => (0, "dpo_loss".to_string()),
+            "reward_accuracy" => (4, "reward_accuracy".to_string()),
+            _ => (4, "rewards".to_string()),
+        });
+    }
     let leaf = key.rsplit('/').next().unwrap_or(key).to_string();
     let rank = if key.starts_with("sys/") {
         9
@@ -135,6 +147,9 @@ fn chart_title(group: &str) -> String {
         "loss" => "Loss".into(),
         "lr" => "Learning rate".into(),
         "grad_norm" => "Gradient norm".into(),
+        "dpo_loss" => "DPO loss".into(),
+        "reward_accuracy" => "DPO reward accuracy".into(),
+        "rewards" => "DPO rewards (chosen, rejected, margin)".into(),
         "tokens_per_sec" | "tokens_per_s" | "tokens/s" => "Tokens / s".into(),
         other => other.to_string(),
     }
@@ -222,5 +237,38 @@ mod tests {
         assert_eq!(group_id("moe/layer0/expert1"), None);
         assert_eq!(after[0].title, "Loss", "the main loss chart comes first");
         assert!(after.iter().any(|g| g.keys == keys(&["moe/aux_loss"])));
+    }
+
+    #[test]
+    fn dpo_metrics_get_their_own_charts_with_train_and_validation_together() {
+        let groups = chart_groups(&keys(&[
+            "train/loss",
+            "val/loss",
+            "dpo/loss",
+            "val/dpo/loss",
+            "dpo/reward_accuracy",
+            "val/dpo/reward_accuracy",
+            "dpo/chosen_reward",
+            "dpo/rejected_reward",
+            "dpo/margin",
+            "val/dpo/margin",
+        ]));
+        let titles: Vec<&str> = groups.iter().map(|g| g.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "Loss",
+                "DPO loss",
+                "DPO reward accuracy",
+                "DPO rewards (chosen, rejected, margin)"
+            ]
+        );
+        assert_eq!(groups[1].keys, keys(&["dpo/loss", "val/dpo/loss"]));
+        assert_eq!(
+            groups[2].keys,
+            keys(&["dpo/reward_accuracy", "val/dpo/reward_accuracy"])
+        );
+        assert_eq!(groups[3].keys.len(), 4);
+        assert_eq!(group_id("val/dpo/margin"), group_id("dpo/chosen_reward"));
     }
 }
