@@ -11,6 +11,7 @@ mod kit;
 mod support;
 
 mod charts;
+mod export;
 mod mlflow;
 mod resume;
 mod sweeps;
