@@ -383,7 +383,8 @@ mod parameter_tests {
 
     #[test]
     fn the_parameter_label_says_how_many_parameters_train() {
-        let cases: [(&[(&str, f64)], Option<&str>); 6] = [
+        type Case<'a> = (&'a [(&'a str, f64)], Option<&'a str>);
+        let cases: [Case; 6] = [
             (
                 &[
                     ("model/params", 1_234_567.0),
