@@ -20,8 +20,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-# Dense bf16 tensor-core peak used for MFU (vendor datasheets, SXM parts, no sparsity).
-PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+# Dense bf16 tensor-core peak used for MFU (vendor datasheets, no sparsity), matched in order
+# against the device name; the same table as trainer/src/train/mfu.rs.
+PEAK_BF16_FLOPS = {"H100 PCIe": 756.5e12, "H100 NVL": 835.5e12, "H200 NVL": 835.5e12,
+                   "H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
 
 
 def peak_flops(name):

@@ -6,7 +6,9 @@
 # prints the build environment (CUDA_TOOLKIT_SETUP, default ../shared/cuda/setup-toolkit.sh).
 # The CPU build (`cargo build --release`) stays the default and needs none of this.
 #
-# usage: scripts/build-cuda.sh [extra cargo args]
+# usage: scripts/build-cuda.sh [--tests] [extra cargo args]
+#   --tests            also build the trainer's GPU test binary (trainer/tests/cuda.rs); cargo
+#                      prints its path ("Executable tests/cuda.rs (...)")
 #   CUDA_COMPUTE_CAP   target compute capability (default 90: H100/H200)
 #   CARGO_TARGET_DIR   where to build (default target-cuda, kept apart from the CPU build)
 set -euo pipefail
@@ -25,5 +27,13 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x "${CUDA_HOME:-/nonexistent}/bin/n
 fi
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target-cuda}
+tests=false
+if [ "${1:-}" = --tests ]; then
+  tests=true
+  shift
+fi
 cargo build --release --features cuda --bin trainyard "$@"
+if $tests; then
+  cargo test --release --features cuda -p trainyard-trainer --test cuda --no-run "$@"
+fi
 echo "built $CARGO_TARGET_DIR/release/trainyard (CUDA, compute capability $CUDA_COMPUTE_CAP)"

@@ -9,16 +9,17 @@ use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape,
 use super::parallel::for_each_row;
 use super::real::{float_kernel, Real};
 
-/// tanh-GELU, element-wise; fused on CPU in f32 and f64, candle's `gelu` elsewhere.
+/// tanh-GELU, element-wise; fused on CPU in f32 and f64 and on CUDA in f32, candle's `gelu`
+/// elsewhere.
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
-    if super::use_fused(x) {
+    if super::use_fused(x) || super::use_cuda_kernel(x, super::CudaKernel::Gelu) {
         fused_gelu_tanh(x)
     } else {
         x.gelu()
     }
 }
 
-/// The fused CPU path of `gelu_tanh`.
+/// The fused path of `gelu_tanh` (CPU, or CUDA with the `cuda` feature).
 pub fn fused_gelu_tanh(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(GeluTanh)
 }
@@ -44,6 +45,15 @@ impl CustomOp1 for GeluTanh {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let out = float_kernel!(self.name(); v = (storage, layout) => gelu_rows(v)?);
         Ok((out, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::gelu(s, l)
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
@@ -88,5 +98,23 @@ impl CustomOp2 for GeluBackward {
         let n = self.name();
         let out = float_kernel!(n; x = (s1, l1), g = (s2, l2) => gelu_backward_rows(x, g)?);
         Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        if l1.shape() != l2.shape() {
+            bail!(
+                "gelu-backward: shapes differ: {:?} vs {:?}",
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        super::cuda::gelu_backward(s1, l1, s2, l2)
     }
 }

@@ -22,7 +22,9 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         _ => logits.to_dtype(DType::F32)?,
     };
     let logits = logits.reshape(((), v))?; // (N, V)
-    if super::use_fused(&logits) && targets.dtype() == DType::U32 {
+    let fused = super::use_fused(&logits)
+        || super::use_cuda_kernel(&logits, super::CudaKernel::CrossEntropy);
+    if fused && targets.dtype() == DType::U32 {
         return fused_cross_entropy(&logits, &targets.flatten_all()?);
     }
     let targets = targets.flatten_all()?.unsqueeze(1)?; // (N, 1)
@@ -33,7 +35,8 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     (lse - picked)?.mean_all()
 }
 
-/// The fused CPU path of `cross_entropy`: logits (N, V) in f32 or f64, targets (N,) u32.
+/// The fused path of `cross_entropy` (CPU in f32 or f64, CUDA in f32): logits (N, V), targets
+/// (N,) u32.
 pub fn fused_cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let losses = logits
         .contiguous()?
@@ -119,6 +122,25 @@ impl CustomOp2 for CrossEntropyRows {
         Ok((out, Shape::from(n)))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (n, _) = l1.shape().dims2()?;
+        if l2.dims() != [n] {
+            bail!(
+                "cross-entropy: targets {:?} for logits {:?}",
+                l2.dims(),
+                l1.dims()
+            );
+        }
+        super::cuda::cross_entropy(s1, l1, s2, l2)
+    }
+
     fn bwd(
         &self,
         logits: &Tensor,
@@ -187,5 +209,27 @@ impl CustomOp3 for CrossEntropyBackward {
         let t = slice(t, l2, name)?;
         let out = float_kernel!(name; x = (s1, l1), g = (s3, l3) => ce_backward_rows(x, t, g, v)?);
         Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (n, _) = l1.shape().dims2()?;
+        if l2.dims() != [n] || l3.dims() != [n] {
+            bail!(
+                "cross-entropy-backward: shapes {:?}, {:?}, {:?}",
+                l1.dims(),
+                l2.dims(),
+                l3.dims()
+            );
+        }
+        super::cuda::cross_entropy_backward((s1, l1), (s2, l2), (s3, l3))
     }
 }

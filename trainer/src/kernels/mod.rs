@@ -1,7 +1,9 @@
 //! The tensor ops the model is built from, each one function (or, for attention, one type) that
 //! picks its own implementation: a fused CPU kernel with its own backward pass for f32 and f64
-//! tensors on the CPU, the same math from candle's differentiable primitives everywhere else
-//! (CUDA, other dtypes). The model calls the op and never chooses.
+//! tensors on the CPU, a fused CUDA kernel for f32 tensors on a GPU where `cuda` has one
+//! (LayerNorm, GELU, causal softmax, cross-entropy; built with the `cuda` feature), and the same
+//! math from candle's differentiable primitives everywhere else. The model calls the op and
+//! never chooses.
 //!
 //! | op | computes | fused CPU path |
 //! |---|---|---|
@@ -24,6 +26,8 @@
 pub mod attention;
 pub mod autocast;
 pub mod bias;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod gelu;
 mod gemm;
 pub mod linear;
@@ -31,11 +35,13 @@ pub mod loss;
 pub mod norm;
 mod parallel;
 mod real;
+pub mod rows;
 mod sgemm;
 mod simd;
 pub mod softmax;
 
 use std::cell::Cell;
+use std::sync::OnceLock;
 
 use candle_core::{DType, Tensor};
 
@@ -45,6 +51,7 @@ pub use gelu::gelu_tanh;
 pub use linear::linear;
 pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};
+pub use rows::{add_rows, gather_rows};
 pub use softmax::causal_softmax;
 
 /// Whether the fused kernels apply to `x`: CPU storage in f32 or f64, outside a
@@ -79,4 +86,90 @@ impl Drop for PrimitivesOnly {
 pub fn primitives_only() -> PrimitivesOnly {
     let previous = PRIMITIVES_ONLY.with(|c| c.replace(true));
     PrimitivesOnly { previous }
+}
+
+/// The CUDA kernels (`kernels/cuda`), each of which `TRAINYARD_CUDA_KERNELS` can switch off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaKernel {
+    Gelu,
+    CrossEntropy,
+    Softmax,
+    LayerNorm,
+    AdamW,
+    Clip,
+    Rows,
+}
+
+const CUDA_KERNEL_NAMES: [(&str, CudaKernel); 7] = [
+    ("gelu", CudaKernel::Gelu),
+    ("cross_entropy", CudaKernel::CrossEntropy),
+    ("softmax", CudaKernel::Softmax),
+    ("layer_norm", CudaKernel::LayerNorm),
+    ("adamw", CudaKernel::AdamW),
+    ("clip", CudaKernel::Clip),
+    ("rows", CudaKernel::Rows),
+];
+
+/// Whether `x` takes `kernel`'s CUDA kernel: an f32 tensor on a GPU, in a build with the `cuda`
+/// feature, outside a [`primitives_only`] scope, with the kernel switched on. Everything else
+/// takes the op's other paths.
+pub fn use_cuda_kernel(x: &Tensor, kernel: CudaKernel) -> bool {
+    cfg!(feature = "cuda")
+        && x.device().is_cuda()
+        && x.dtype() == DType::F32
+        && !PRIMITIVES_ONLY.with(Cell::get)
+        && cuda_kernel_enabled(kernel)
+}
+
+/// `TRAINYARD_CUDA_KERNELS`, read once: `all` (the default), `none`, or a comma list of
+/// `gelu`, `cross_entropy`, `softmax`, `layer_norm`, `adamw`, `clip`, `rows`. The kernels left out take
+/// candle's primitive ops, so each kernel's effect can be measured with one build.
+pub fn cuda_kernel_enabled(kernel: CudaKernel) -> bool {
+    static ON: OnceLock<Vec<CudaKernel>> = OnceLock::new();
+    ON.get_or_init(|| {
+        parse_cuda_kernels(&std::env::var("TRAINYARD_CUDA_KERNELS").unwrap_or_default())
+    })
+    .contains(&kernel)
+}
+
+fn parse_cuda_kernels(spec: &str) -> Vec<CudaKernel> {
+    match spec.trim() {
+        "" | "all" => CUDA_KERNEL_NAMES.iter().map(|(_, k)| *k).collect(),
+        "none" => Vec::new(),
+        list => list
+            .split(',')
+            .filter_map(|name| {
+                let found = CUDA_KERNEL_NAMES
+                    .iter()
+                    .find(|(n, _)| *n == name.trim())
+                    .map(|(_, k)| *k);
+                if found.is_none() {
+                    tracing::warn!(name, "TRAINYARD_CUDA_KERNELS: unknown kernel name, ignored");
+                }
+                found
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cuda_kernel_list_reads_all_none_and_names() {
+        assert_eq!(parse_cuda_kernels("").len(), 7);
+        assert_eq!(parse_cuda_kernels("all").len(), 7);
+        assert!(parse_cuda_kernels("none").is_empty());
+        assert_eq!(
+            parse_cuda_kernels("gelu, adamw,bogus"),
+            vec![CudaKernel::Gelu, CudaKernel::AdamW]
+        );
+    }
+
+    #[test]
+    fn cpu_tensors_never_take_a_cuda_kernel() {
+        let x = Tensor::zeros(4, DType::F32, &candle_core::Device::Cpu).unwrap();
+        assert!(!use_cuda_kernel(&x, CudaKernel::Gelu));
+    }
 }

@@ -14,7 +14,7 @@ use super::real::{float_kernel, Real};
 /// f32 at least. Fused on CPU in f32 and f64 (with a bias, as GPT-2 has).
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     if let Some(bias) = bias {
-        if super::use_fused(x) {
+        if super::use_fused(x) || super::use_cuda_kernel(x, super::CudaKernel::LayerNorm) {
             return fused_layer_norm(x, weight, bias, eps);
         }
     }
@@ -53,7 +53,8 @@ fn normalize(
     }
 }
 
-/// The fused CPU path of `layer_norm`: x (.., C), weight and bias (C,).
+/// The fused path of `layer_norm` (CPU, or CUDA with the `cuda` feature): x (.., C), weight and
+/// bias (C,).
 pub fn fused_layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
     let c = x.dim(D::Minus1)?;
     let x2 = x.reshape(((), c))?.contiguous()?; // (N, C)
@@ -126,6 +127,27 @@ impl CustomOp3 for LayerNormOp {
         let n = self.name();
         let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), b = (s3, l3) => layer_norm_rows(x, w, b, self.eps)?);
         Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (_, c) = l1.shape().dims2()?;
+        if l2.dims() != [c] || l3.dims() != [c] {
+            bail!(
+                "layer-norm: weight/bias must be ({c},), got {:?}/{:?}",
+                l2.dims(),
+                l3.dims()
+            );
+        }
+        super::cuda::layer_norm((s1, l1), (s2, l2), (s3, l3), self.eps)
     }
 
     fn bwd(
@@ -237,5 +259,27 @@ impl CustomOp3 for LayerNormBackward {
         let n = self.name();
         let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), g = (s3, l3) => layer_norm_backward_rows(x, w, g, self.eps)?);
         Ok((out, Shape::from((rows + 2, c))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (_, c) = l1.shape().dims2()?;
+        if l2.dims() != [c] || l3.shape() != l1.shape() {
+            bail!(
+                "layer-norm-backward: shapes {:?}, {:?}, {:?}",
+                l1.dims(),
+                l2.dims(),
+                l3.dims()
+            );
+        }
+        super::cuda::layer_norm_backward((s1, l1), (s2, l2), (s3, l3), self.eps)
     }
 }

@@ -14,7 +14,7 @@ use super::real::{float_kernel, Real};
 /// and below the diagonal, −∞ above (only the reference path reads it). Fused on CPU in f32 and
 /// f64.
 pub fn causal_softmax(scores: &Tensor, scale: f64, mask: &Tensor) -> Result<Tensor> {
-    if super::use_fused(scores) {
+    if super::use_fused(scores) || super::use_cuda_kernel(scores, super::CudaKernel::Softmax) {
         return fused_causal_softmax(scores, scale);
     }
     let t = scores.dim(D::Minus1)?;
@@ -22,7 +22,7 @@ pub fn causal_softmax(scores: &Tensor, scale: f64, mask: &Tensor) -> Result<Tens
     candle_nn::ops::softmax(&(scores * scale)?.broadcast_add(&mask)?, D::Minus1)
 }
 
-/// The fused CPU path of `causal_softmax` (no mask needed).
+/// The fused path of `causal_softmax` (CPU, or CUDA with the `cuda` feature; no mask needed).
 pub fn fused_causal_softmax(scores: &Tensor, scale: f64) -> Result<Tensor> {
     scores.contiguous()?.apply_op1(CausalSoftmax { scale })
 }
@@ -71,6 +71,20 @@ impl CustomOp1 for CausalSoftmax {
         }
         let out = float_kernel!(self.name(); v = (storage, layout) => causal_softmax_rows(v, t, self.scale)?);
         Ok((out, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let dims = l.dims();
+        let t = dims.last().copied().unwrap_or(0);
+        if dims.len() < 2 || dims[dims.len() - 2] != t {
+            bail!("causal-softmax: expected (.., T, T) scores, got {:?}", dims);
+        }
+        super::cuda::causal_softmax(s, l, self.scale)
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
@@ -125,5 +139,23 @@ impl CustomOp2 for SoftmaxBackward {
         let n = self.name();
         let out = float_kernel!(n; y = (s1, l1), g = (s2, l2) => softmax_backward_rows(y, g, cols, self.scale)?);
         Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        if l1.shape() != l2.shape() {
+            bail!(
+                "softmax-backward: shapes differ: {:?} vs {:?}",
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        super::cuda::softmax_backward(s1, l1, s2, l2, self.scale)
     }
 }

@@ -34,6 +34,6 @@ impl Module for Embedding {
         let mut shape = ids.dims().to_vec();
         shape.push(self.table.dim(1)?);
         let flat = ids.flatten_all()?; // (N,)
-        self.table.index_select(&flat, 0)?.reshape(shape) // (.., d)
+        crate::kernels::gather_rows(&self.table, &flat)?.reshape(shape) // (.., d)
     }
 }

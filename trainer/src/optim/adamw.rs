@@ -29,11 +29,14 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(params: Vec<Param>, hp: AdamWParams) -> Result<Self> {
-        let m = params
-            .iter()
-            .map(|p| zeros_like_f32(&p.var))
-            .collect::<Result<Vec<_>>>()?;
-        let v = m.clone();
+        // Separate buffers for m and v: the CUDA kernel updates them in place.
+        let zeros = || {
+            params
+                .iter()
+                .map(|p| zeros_like_f32(&p.var))
+                .collect::<Result<Vec<_>>>()
+        };
+        let (m, v) = (zeros()?, zeros()?);
         Ok(AdamW {
             params,
             hp,
@@ -41,6 +44,35 @@ impl AdamW {
             v,
             step: 0,
         })
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl AdamW {
+    /// The same update as [`Optimizer::step`], one in-place CUDA kernel per tensor.
+    fn step_cuda(&mut self, grads: &[Option<Tensor>], lr: f64, bc1: f64, bc2: f64) -> Result<()> {
+        use crate::kernels::cuda::{adamw_update, AdamWStep};
+        let hp = self.hp;
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(g) = grads.get(i).and_then(|g| g.as_ref()) else {
+                continue;
+            };
+            let shrink = if p.decay {
+                1.0 - lr * hp.weight_decay
+            } else {
+                1.0
+            };
+            let k = AdamWStep {
+                beta1: hp.beta1 as f32,
+                beta2: hp.beta2 as f32,
+                eps: hp.eps as f32,
+                lr_bc1: (lr / bc1) as f32,
+                inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
+                shrink: shrink as f32,
+            };
+            adamw_update(p.var.as_tensor(), &grad_f32(g)?, &self.m[i], &self.v[i], k)?;
+        }
+        Ok(())
     }
 }
 
@@ -60,6 +92,12 @@ impl Optimizer for AdamW {
         let t = self.step as i32;
         let bc1 = 1.0 - beta1.powi(t);
         let bc2 = 1.0 - beta2.powi(t);
+        #[cfg(feature = "cuda")]
+        if self.params.first().is_some_and(|p| {
+            crate::kernels::use_cuda_kernel(p.var.as_tensor(), crate::kernels::CudaKernel::AdamW)
+        }) {
+            return self.step_cuda(grads, lr, bc1, bc2);
+        }
         for (i, p) in self.params.iter().enumerate() {
             let Some(g) = grads.get(i).and_then(|g| g.as_ref()) else {
                 continue;

@@ -1,5 +1,6 @@
-//! Global-norm gradient clipping (as `torch.nn.utils.clip_grad_norm_`), computed in f32 with a
-//! single device-to-host transfer per step.
+//! Global-norm gradient clipping (as `torch.nn.utils.clip_grad_norm_`), computed in f32. On a GPU
+//! (with the `cuda` feature) nothing is read back: the norm and the clipping factor are computed
+//! and applied on the device, and the norm is returned as a tensor for the step's one read.
 
 use candle_core::{DType, Result, Tensor};
 
@@ -14,6 +15,34 @@ pub fn clip_grad_norm(grads: &mut [Option<Tensor>], max_norm: f64) -> Result<f32
         }
     }
     Ok(norm)
+}
+
+/// [`clip_grad_norm`] with the norm returned as an f32 scalar tensor on the gradients' device.
+/// On CUDA the norm, the decision and the scaling stay on the device (no host synchronisation);
+/// elsewhere this is `clip_grad_norm` itself.
+pub fn clip_grad_norm_on_device(grads: &mut [Option<Tensor>], max_norm: f64) -> Result<Tensor> {
+    let Some(first) = grads.iter().flatten().next().cloned() else {
+        return Tensor::new(0f32, &candle_core::Device::Cpu);
+    };
+    #[cfg(feature = "cuda")]
+    if crate::kernels::use_cuda_kernel(&first, crate::kernels::CudaKernel::Clip) {
+        let present: Vec<Tensor> = grads
+            .iter()
+            .flatten()
+            .map(|g| g.to_dtype(DType::F32))
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = present.iter().collect();
+        let out = crate::kernels::cuda::norm_and_clip_scale(&refs, max_norm)?; // (2,): norm, factor
+        if max_norm > 0.0 {
+            let factor = out.narrow(0, 1, 1)?; // (1,)
+            for g in grads.iter_mut().flatten() {
+                *g = g.broadcast_mul(&factor.to_dtype(g.dtype())?)?;
+            }
+        }
+        return out.get(0);
+    }
+    let norm = clip_grad_norm(grads, max_norm)?;
+    Tensor::new(norm, first.device())
 }
 
 /// √(Σ‖g‖²) over all present gradients, in f32.

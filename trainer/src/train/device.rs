@@ -7,7 +7,16 @@ use crate::config::DeviceSpec;
 
 /// Resolves `training.device`: `auto` takes the first GPU when built with CUDA and one is
 /// present, else the CPU; `cuda[:N]` in a CPU-only build is an error naming the feature.
+/// A GPU's freed memory stays pooled for reuse (see `kernels::cuda::keep_freed_memory`).
 pub fn resolve_device(spec: &str) -> Result<Device> {
+    let dev = open_device(spec)?;
+    #[cfg(feature = "cuda")]
+    crate::kernels::cuda::keep_freed_memory(&dev)
+        .map_err(|e| anyhow::anyhow!("training.device: configuring `{spec}`'s memory pool: {e}"))?;
+    Ok(dev)
+}
+
+fn open_device(spec: &str) -> Result<Device> {
     let parsed: DeviceSpec = spec
         .parse()
         .map_err(|e: String| anyhow::anyhow!("training.device: {e}"))?;

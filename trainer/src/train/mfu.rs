@@ -3,8 +3,13 @@
 
 use std::process::Command;
 
-/// Dense (no sparsity) bf16 tensor-core peak FLOP/s from the vendors' datasheets, SXM parts.
-const PEAKS: [(&str, f64); 5] = [
+/// Dense (no sparsity) bf16 tensor-core peak FLOP/s from the vendors' datasheets, matched in
+/// order against the name `nvidia-smi` prints: the PCIe and NVL parts run lower clocks and fewer
+/// SMs than the SXM part of the same name ("NVIDIA H100 80GB HBM3" is the SXM H100).
+const PEAKS: [(&str, f64); 8] = [
+    ("H100 PCIe", 756.5e12),
+    ("H100 NVL", 835.5e12),
+    ("H200 NVL", 835.5e12),
     ("H200", 989.4e12),
     ("H100", 989.4e12),
     ("A100", 312e12),
@@ -69,6 +74,8 @@ mod tests {
     fn peaks_are_found_by_the_names_nvidia_smi_prints() {
         assert_eq!(peak_bf16_flops("NVIDIA H100 80GB HBM3"), Some(989.4e12));
         assert_eq!(peak_bf16_flops("NVIDIA H200"), Some(989.4e12));
+        assert_eq!(peak_bf16_flops("NVIDIA H100 PCIe"), Some(756.5e12));
+        assert_eq!(peak_bf16_flops("NVIDIA H100 NVL"), Some(835.5e12));
         assert_eq!(peak_bf16_flops("NVIDIA A100-SXM4-80GB"), Some(312e12));
         assert_eq!(peak_bf16_flops("Some Other Accelerator"), None);
     }

@@ -12,6 +12,7 @@ pub mod device;
 pub mod dpo;
 pub mod finetune;
 pub mod mfu;
+pub mod phases;
 pub mod run;
 #[cfg(test)]
 mod tests;
@@ -29,7 +30,7 @@ use crate::config::Config;
 use crate::data::{self, Batch, BatchSampler, PreparedData};
 use crate::kernels;
 use crate::model::{self, DropoutRng, Gpt, MoeLayerStats};
-use crate::optim::{self, clip_grad_norm, lr_at, Optimizer};
+use crate::optim::{self, clip::clip_grad_norm_on_device, lr_at, Optimizer};
 use crate::wire::moe_keys;
 
 pub use run::{run, RunOptions, RunOutcome};
@@ -123,9 +124,7 @@ impl Trainer {
         let t = &cfg.training;
         let eval_batches = match preference {
             Some(_) => Vec::new(),
-            None => {
-                data::eval_batches(&data.val, t.batch_size, t.seq_len, t.eval_iters.max(1))?
-            }
+            None => data::eval_batches(&data.val, t.batch_size, t.seq_len, t.eval_iters.max(1))?,
         };
         let num_params = model::num_params(&varmap);
         let trainable_params = params.iter().map(|p| p.var.elem_count()).sum();
@@ -192,7 +191,12 @@ impl Trainer {
     /// Scalars of optimizer state (moments), which the optimizer keeps only for trainable
     /// parameters.
     pub fn optimizer_state_scalars(&self) -> Result<usize> {
-        Ok(self.optimizer.state()?.values().map(Tensor::elem_count).sum())
+        Ok(self
+            .optimizer
+            .state()?
+            .values()
+            .map(Tensor::elem_count)
+            .sum())
     }
 
     /// The model being trained.
@@ -232,6 +236,7 @@ impl Trainer {
         let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
         let mut loss_sum = Tensor::zeros((), DType::F32, &self.device)?;
         let mut moe_stats = Vec::new();
+        let mut clock = phases::PhaseClock::new(&self.device, phases::enabled())?;
         for _ in 0..accum {
             let batch = self.sampler.next_batch(&self.data.train)?;
             let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)
@@ -243,6 +248,7 @@ impl Trainer {
                 None => ce.clone(),
             };
             loss_sum = (loss_sum + ce.detach())?;
+            clock.mark("forward")?;
             let micro_grads = total.affine(1.0 / accum as f64, 0.0)?.backward()?;
             for (slot, p) in grads.iter_mut().zip(&params) {
                 if let Some(g) = micro_grads.get(p) {
@@ -253,17 +259,24 @@ impl Trainer {
                 }
             }
             moe_stats.extend(out.moe);
+            clock.mark("backward")?;
         }
-        let grad_norm = clip_grad_norm(&mut grads, t.grad_clip)?;
+        let grad_norm = clip_grad_norm_on_device(&mut grads, t.grad_clip)?; // scalar, on device
+        clock.mark("clip")?;
         self.optimizer.step(&grads, lr)?;
+        clock.mark("optimizer")?;
 
         let tokens = accum * t.batch_size * t.seq_len;
         self.state.step += 1;
         self.state.tokens_seen += tokens as u64;
         self.state.sampler = self.sampler.state();
         self.state.val_loss = None;
-        let loss = loss_sum.to_scalar::<f32>()? / accum as f32;
+        // The step's one read from the device: the loss and the gradient norm together.
+        let loss_and_norm = Tensor::stack(&[loss_sum, grad_norm.to_device(&self.device)?], 0)?;
+        let read = loss_and_norm.to_vec1::<f32>()?;
+        let (loss, grad_norm) = (read[0] / accum as f32, read[1]);
         let mut extra = BTreeMap::new();
+        clock.report(&mut extra);
         let moe_every = self.cfg.logging.moe_every.max(1) as u64;
         if !moe_stats.is_empty() && self.state.step.is_multiple_of(moe_every) {
             moe_metrics(&moe_stats, &mut extra);

@@ -132,6 +132,22 @@ impl CausalAttention {
             Some(rope) => (rope.apply(&q)?, rope.apply(&k)?),
             None => (q, k),
         };
+        if probs_dropout.is_none()
+            && autocast::is_active()
+            && super::use_cuda_kernel(&q, super::CudaKernel::Softmax)
+        {
+            // Under bf16 autocast on a GPU the scores and probabilities stay bf16 between the two
+            // products (the softmax kernel computes in f32): they are the model's biggest
+            // tensors, and casting them to f32 and back costs three extra passes each way.
+            let bf16 = |x: &Tensor| x.to_dtype(DType::BF16);
+            let scores = bf16(&q)?.matmul(&bf16(&k)?.t()?)?; // (BH, T, T) bf16
+            let att = softmax::fused_causal_softmax(&scores, scale)?; // (BH, T, T) bf16
+            let y = att.matmul(&bf16(&v)?)?.to_dtype(q.dtype())?; // (BH, T, hd)
+            return y
+                .reshape((b, h, t, hd))?
+                .transpose(1, 2)?
+                .reshape((b, t, d)); // (B, T, D)
+        }
         let scores = autocast::matmul(&q, &k.t()?)?; // (BH, T, T)
         let att = softmax::causal_softmax(&scores, scale, &self.mask)?; // (BH, T, T)
         let att = match probs_dropout {

@@ -12,6 +12,7 @@ pub use routing::{route, RoutePlan};
 
 use super::{DropoutRng, Linear, Mlp};
 use crate::config::{LoraConfig, ModelConfig, MoeConfig};
+use crate::kernels;
 
 /// Routing statistics of one MoE layer for one forward pass (telemetry).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -153,7 +154,7 @@ impl MoeLayer {
         let (m, dev) = (plan.tokens.len(), xf.device());
         let tokens = Tensor::from_vec(plan.tokens.clone(), m, dev)?; // (M,)
         let slots = Tensor::from_vec(plan.slots.clone(), m, dev)?; // (M,)
-        let xs = xf.index_select(&tokens, 0)?; // (M, D), grouped by expert
+        let xs = kernels::gather_rows(xf, &tokens)?; // (M, D), grouped by expert
         let mut outs = Vec::with_capacity(self.experts.len());
         let mut offset = 0;
         for (expert, &count) in self.experts.iter().zip(&plan.kept) {
@@ -164,8 +165,8 @@ impl MoeLayer {
             }
         }
         let ys = Tensor::cat(&outs, 0)?; // (M, D)
-        let g = gates.flatten_all()?.index_select(&slots, 0)?.unsqueeze(1)?; // (M, 1)
-        y.index_add(&tokens, &ys.broadcast_mul(&g)?, 0) // (N, D)
+        let g = kernels::gather_rows(&gates.reshape(((), 1))?, &slots)?; // (M, 1)
+        kernels::add_rows(&y, &tokens, &ys.broadcast_mul(&g)?) // (N, D)
     }
 
     /// The weighted load-balancing and z losses (differentiable, scalar) and the layer's stats,
