@@ -16,7 +16,7 @@
 use candle_core::{DType, Device, Result, Tensor, Var};
 use trainer::config::{Config, Precision};
 use trainer::kernels::{self, autocast, CausalAttention, CudaKernel};
-use trainer::optim::{self, clip::clip_grad_norm_on_device, Optimizer, Param};
+use trainer::optim::{self, clip::clip_grad_norm_on_device, Param};
 use trainer::train::Trainer;
 
 fn gpu() -> Device {
