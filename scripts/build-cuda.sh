@@ -2,8 +2,9 @@
 # Builds the `trainyard` binary with candle's CUDA kernels (`--features cuda`).
 #
 # Works on a machine with no GPU and no system CUDA: if no toolkit is found (nvcc on PATH or
-# CUDA_HOME), it sources a toolkit set-up script that installs CUDA 13.0 from PyPI wheels and
-# prints the build environment (CUDA_TOOLKIT_SETUP, default ../shared/cuda/setup-toolkit.sh).
+# CUDA_HOME), it evaluates the output of the set-up script CUDA_TOOLKIT_SETUP names, which
+# installs a toolkit (for example CUDA 13.0 from PyPI wheels) and prints the build environment
+# (PATH, CUDA_HOME, LIBRARY_PATH).
 # The CPU build (`cargo build --release`) stays the default and needs none of this.
 #
 # usage: scripts/build-cuda.sh [--tests] [extra cargo args]
@@ -16,9 +17,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 if ! command -v nvcc >/dev/null 2>&1 && [ ! -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ]; then
-  setup=${CUDA_TOOLKIT_SETUP:-$root/../shared/cuda/setup-toolkit.sh}
-  if [ ! -x "$setup" ]; then
-    echo "build-cuda: no CUDA toolkit (nvcc) found and no set-up script at $setup" >&2
+  setup=${CUDA_TOOLKIT_SETUP:-}
+  if [ -z "$setup" ] || [ ! -x "$setup" ]; then
+    echo "build-cuda: no CUDA toolkit (nvcc) found, and CUDA_TOOLKIT_SETUP names no set-up script" >&2
     echo "build-cuda: install CUDA 13.0 or set CUDA_TOOLKIT_SETUP" >&2
     exit 1
   fi
