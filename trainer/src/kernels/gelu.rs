@@ -4,10 +4,10 @@
 //! CPU op is one pass each way; its backward uses 0.5 · (1 + tanh u) = sigmoid(2u), so one `exp`
 //! per element (`simd` vectorises it in f32).
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use super::parallel::for_each_row;
-use super::real::{float_kernel, Real};
+use super::real::{float_kernel, same_shape, Real};
 
 /// tanh-GELU, element-wise; fused on CPU in f32 and f64 and on CUDA in f32, candle's `gelu`
 /// elsewhere.
@@ -88,13 +88,7 @@ impl CustomOp2 for GeluBackward {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        if l1.shape() != l2.shape() {
-            bail!(
-                "gelu-backward: shapes differ: {:?} vs {:?}",
-                l1.dims(),
-                l2.dims()
-            );
-        }
+        same_shape(self.name(), l1, l2)?;
         let n = self.name();
         let out = float_kernel!(n; x = (s1, l1), g = (s2, l2) => gelu_backward_rows(x, g)?);
         Ok((out, l1.shape().clone()))
@@ -108,13 +102,7 @@ impl CustomOp2 for GeluBackward {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        if l1.shape() != l2.shape() {
-            bail!(
-                "gelu-backward: shapes differ: {:?} vs {:?}",
-                l1.dims(),
-                l2.dims()
-            );
-        }
+        same_shape(self.name(), l1, l2)?;
         super::cuda::gelu_backward(s1, l1, s2, l2)
     }
 }

@@ -71,6 +71,20 @@ fn check_target(t: u32, v: usize) -> Result<usize> {
     Ok(t)
 }
 
+/// (N, V) of the logits, checking that every per-row argument (targets, row gradients) is (N,);
+/// for the CPU and CUDA paths alike.
+fn rows_and_vocab(logits: &Layout, per_row: &[&Layout], op: &str) -> Result<(usize, usize)> {
+    let (n, v) = logits.shape().dims2()?;
+    if per_row.iter().any(|l| l.dims() != [n]) {
+        let dims: Vec<&[usize]> = per_row.iter().map(|l| l.dims()).collect();
+        bail!(
+            "{op}: per-row arguments {dims:?} for logits {:?}",
+            logits.dims()
+        );
+    }
+    Ok((n, v))
+}
+
 /// Rows per parallel block of the loss and its backward.
 const BLOCK_ROWS: usize = 64;
 
@@ -105,14 +119,7 @@ impl CustomOp2 for CrossEntropyRows {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (n, v) = l1.shape().dims2()?;
-        if l2.dims() != [n] {
-            bail!(
-                "cross-entropy: targets {:?} for logits {:?}",
-                l2.dims(),
-                l1.dims()
-            );
-        }
+        let (n, v) = rows_and_vocab(l1, &[l2], self.name())?;
         let name = self.name();
         let CpuStorage::U32(t) = s2 else {
             bail!("cross-entropy: targets must be u32");
@@ -130,14 +137,7 @@ impl CustomOp2 for CrossEntropyRows {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (n, _) = l1.shape().dims2()?;
-        if l2.dims() != [n] {
-            bail!(
-                "cross-entropy: targets {:?} for logits {:?}",
-                l2.dims(),
-                l1.dims()
-            );
-        }
+        rows_and_vocab(l1, &[l2], self.name())?;
         super::cuda::cross_entropy(s1, l1, s2, l2)
     }
 
@@ -193,15 +193,7 @@ impl CustomOp3 for CrossEntropyBackward {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (n, v) = l1.shape().dims2()?;
-        if l2.dims() != [n] || l3.dims() != [n] {
-            bail!(
-                "cross-entropy-backward: shapes {:?}, {:?}, {:?}",
-                l1.dims(),
-                l2.dims(),
-                l3.dims()
-            );
-        }
+        let (_, v) = rows_and_vocab(l1, &[l2, l3], self.name())?;
         let name = self.name();
         let CpuStorage::U32(t) = s2 else {
             bail!("cross-entropy-backward: targets must be u32");
@@ -221,15 +213,7 @@ impl CustomOp3 for CrossEntropyBackward {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (n, _) = l1.shape().dims2()?;
-        if l2.dims() != [n] || l3.dims() != [n] {
-            bail!(
-                "cross-entropy-backward: shapes {:?}, {:?}, {:?}",
-                l1.dims(),
-                l2.dims(),
-                l3.dims()
-            );
-        }
+        rows_and_vocab(l1, &[l2, l3], self.name())?;
         super::cuda::cross_entropy_backward((s1, l1), (s2, l2), (s3, l3))
     }
 }

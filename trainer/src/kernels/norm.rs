@@ -116,14 +116,7 @@ impl CustomOp3 for LayerNormOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (_, c) = l1.shape().dims2()?;
-        if l2.dims() != [c] || l3.dims() != [c] {
-            bail!(
-                "layer-norm: weight/bias must be ({c},), got {:?}/{:?}",
-                l2.dims(),
-                l3.dims()
-            );
-        }
+        ln_shapes(l1, l2, l3)?;
         let n = self.name();
         let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), b = (s3, l3) => layer_norm_rows(x, w, b, self.eps)?);
         Ok((out, l1.shape().clone()))
@@ -139,14 +132,7 @@ impl CustomOp3 for LayerNormOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (_, c) = l1.shape().dims2()?;
-        if l2.dims() != [c] || l3.dims() != [c] {
-            bail!(
-                "layer-norm: weight/bias must be ({c},), got {:?}/{:?}",
-                l2.dims(),
-                l3.dims()
-            );
-        }
+        ln_shapes(l1, l2, l3)?;
         super::cuda::layer_norm((s1, l1), (s2, l2), (s3, l3), self.eps)
     }
 
@@ -167,6 +153,33 @@ impl CustomOp3 for LayerNormOp {
         debug_assert_eq!(dw.dims1()?, c);
         Ok((Some(dx), Some(dw), Some(db)))
     }
+}
+
+/// x (N, C) with weight and bias (C,), for the CPU and CUDA paths alike.
+fn ln_shapes(x: &Layout, w: &Layout, b: &Layout) -> Result<()> {
+    let (_, c) = x.shape().dims2()?;
+    if w.dims() != [c] || b.dims() != [c] {
+        bail!(
+            "layer-norm: weight/bias must be ({c},), got {:?}/{:?}",
+            w.dims(),
+            b.dims()
+        );
+    }
+    Ok(())
+}
+
+/// (N, C) of x, with weight (C,) and a gradient shaped like x, for the CPU and CUDA paths alike.
+fn ln_backward_shapes(x: &Layout, w: &Layout, g: &Layout) -> Result<(usize, usize)> {
+    let (rows, c) = x.shape().dims2()?;
+    if w.dims() != [c] || g.shape() != x.shape() {
+        bail!(
+            "layer-norm-backward: shapes {:?}, {:?}, {:?}",
+            x.dims(),
+            w.dims(),
+            g.dims()
+        );
+    }
+    Ok((rows, c))
 }
 
 /// From x, weight and the output gradient g, in one pass over the rows:
@@ -247,15 +260,7 @@ impl CustomOp3 for LayerNormBackward {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (rows, c) = l1.shape().dims2()?;
-        if l2.dims() != [c] || l3.shape() != l1.shape() {
-            bail!(
-                "layer-norm-backward: shapes {:?}, {:?}, {:?}",
-                l1.dims(),
-                l2.dims(),
-                l3.dims()
-            );
-        }
+        let (rows, c) = ln_backward_shapes(l1, l2, l3)?;
         let n = self.name();
         let out = float_kernel!(n; x = (s1, l1), w = (s2, l2), g = (s3, l3) => layer_norm_backward_rows(x, w, g, self.eps)?);
         Ok((out, Shape::from((rows + 2, c))))
@@ -271,15 +276,7 @@ impl CustomOp3 for LayerNormBackward {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (_, c) = l1.shape().dims2()?;
-        if l2.dims() != [c] || l3.shape() != l1.shape() {
-            bail!(
-                "layer-norm-backward: shapes {:?}, {:?}, {:?}",
-                l1.dims(),
-                l2.dims(),
-                l3.dims()
-            );
-        }
+        ln_backward_shapes(l1, l2, l3)?;
         super::cuda::layer_norm_backward((s1, l1), (s2, l2), (s3, l3), self.eps)
     }
 }

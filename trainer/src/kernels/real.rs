@@ -68,6 +68,14 @@ impl Real for f64 {
     }
 }
 
+/// The check of a two-input element-wise op, for its CPU and CUDA paths alike.
+pub(crate) fn same_shape(op: &str, a: &Layout, b: &Layout) -> Result<()> {
+    if a.shape() != b.shape() {
+        bail!("{op}: shapes differ: {:?} vs {:?}", a.dims(), b.dims());
+    }
+    Ok(())
+}
+
 /// The contiguous data of a CPU tensor argument.
 pub(crate) fn slice<'a, T>(data: &'a [T], layout: &Layout, op: &str) -> Result<&'a [T]> {
     match layout.contiguous_offsets() {

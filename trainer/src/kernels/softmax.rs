@@ -8,7 +8,7 @@
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
 
 use super::parallel::for_each_row;
-use super::real::{float_kernel, Real};
+use super::real::{float_kernel, same_shape, Real};
 
 /// softmax(scale · scores + mask) over the last dim, scores (.., T, T) and `mask` (≥T, ≥T): 0 on
 /// and below the diagonal, −∞ above (only the reference path reads it). Fused on CPU in f32 and
@@ -64,11 +64,7 @@ impl CustomOp1 for CausalSoftmax {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let dims = layout.dims();
-        let t = dims.last().copied().unwrap_or(0);
-        if dims.len() < 2 || dims[dims.len() - 2] != t {
-            bail!("causal-softmax: expected (.., T, T) scores, got {:?}", dims);
-        }
+        let t = square_scores(layout)?;
         let out = float_kernel!(self.name(); v = (storage, layout) => causal_softmax_rows(v, t, self.scale)?);
         Ok((out, layout.shape().clone()))
     }
@@ -79,11 +75,7 @@ impl CustomOp1 for CausalSoftmax {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let dims = l.dims();
-        let t = dims.last().copied().unwrap_or(0);
-        if dims.len() < 2 || dims[dims.len() - 2] != t {
-            bail!("causal-softmax: expected (.., T, T) scores, got {:?}", dims);
-        }
+        square_scores(l)?;
         super::cuda::causal_softmax(s, l, self.scale)
     }
 
@@ -94,6 +86,16 @@ impl CustomOp1 for CausalSoftmax {
             &SoftmaxBackward { scale: self.scale },
         )?))
     }
+}
+
+/// T of (.., T, T) scores, or the reason they are not.
+fn square_scores(layout: &Layout) -> Result<usize> {
+    let dims = layout.dims();
+    let t = dims.last().copied().unwrap_or(0);
+    if dims.len() < 2 || dims[dims.len() - 2] != t {
+        bail!("causal-softmax: expected (.., T, T) scores, got {:?}", dims);
+    }
+    Ok(t)
 }
 
 /// dx = scale · y ⊙ (g − Σ g⊙y) per row, from the softmax output y and its gradient g.
@@ -128,13 +130,7 @@ impl CustomOp2 for SoftmaxBackward {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        if l1.shape() != l2.shape() {
-            bail!(
-                "softmax-backward: shapes differ: {:?} vs {:?}",
-                l1.dims(),
-                l2.dims()
-            );
-        }
+        same_shape(self.name(), l1, l2)?;
         let cols = l1.dims().last().copied().unwrap_or(1);
         let n = self.name();
         let out = float_kernel!(n; y = (s1, l1), g = (s2, l2) => softmax_backward_rows(y, g, cols, self.scale)?);
@@ -149,13 +145,7 @@ impl CustomOp2 for SoftmaxBackward {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        if l1.shape() != l2.shape() {
-            bail!(
-                "softmax-backward: shapes differ: {:?} vs {:?}",
-                l1.dims(),
-                l2.dims()
-            );
-        }
+        same_shape(self.name(), l1, l2)?;
         super::cuda::softmax_backward(s1, l1, s2, l2, self.scale)
     }
 }

@@ -26,17 +26,14 @@ pub fn clip_grad_norm_on_device(grads: &mut [Option<Tensor>], max_norm: f64) -> 
     };
     #[cfg(feature = "cuda")]
     if crate::kernels::use_cuda_kernel(&first, crate::kernels::CudaKernel::Clip) {
-        let present: Vec<Tensor> = grads
-            .iter()
-            .flatten()
-            .map(|g| g.to_dtype(DType::F32))
-            .collect::<Result<_>>()?;
-        let refs: Vec<&Tensor> = present.iter().collect();
+        // The kernel applies only to f32 gradients (`use_cuda_kernel` checked the first; the
+        // gradients of one model share its dtype).
+        let refs: Vec<&Tensor> = grads.iter().flatten().collect();
         let out = crate::kernels::cuda::norm_and_clip_scale(&refs, max_norm)?; // (2,): norm, factor
         if max_norm > 0.0 {
-            let factor = out.narrow(0, 1, 1)?; // (1,)
+            let factor = out.narrow(0, 1, 1)?; // (1,), f32 like the gradients
             for g in grads.iter_mut().flatten() {
-                *g = g.broadcast_mul(&factor.to_dtype(g.dtype())?)?;
+                *g = g.broadcast_mul(&factor)?;
             }
         }
         return out.get(0);
