@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::data::SamplerState;
 use crate::optim::Optimizer;
+use crate::train::guard::GuardState;
 
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -61,6 +62,10 @@ pub struct TrainState {
     pub early_stopped: bool,
     /// Validation loss at this step, when it was just evaluated.
     pub val_loss: Option<f64>,
+    /// The instability guard's running mean, counters and learning-rate factor (absent in
+    /// checkpoints from before the guard: a fresh guard).
+    #[serde(default)]
+    pub guard: GuardState,
 }
 
 impl TrainState {
@@ -431,6 +436,7 @@ mod tests {
             evals_without_improvement: 0,
             early_stopped: false,
             val_loss: None,
+            guard: GuardState::default(),
         }
     }
 

@@ -198,6 +198,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         resume_from,
         server,
         stop,
+        faults: Default::default(),
     };
     let outcome = train::run(cfg, &opts)?;
     let best = outcome

@@ -78,6 +78,43 @@ pub mod moe_keys {
     }
 }
 
+/// Keys of the per-layer norms (`logging.layer_norms_every`): `grad_norm/{layer}` and
+/// `param_norm/{layer}`, the L2 norms of a layer's gradients (before clipping) and weights, where
+/// the layer is `layer{N}` for transformer block N or a top-level module name (`wte`, `wpe`,
+/// `ln_f`, `lm_head`). The server charts each family on one card.
+pub mod norm_keys {
+    /// Prefix of the per-layer gradient norms.
+    pub const GRAD_PREFIX: &str = "grad_norm/";
+    /// Prefix of the per-layer parameter norms.
+    pub const PARAM_PREFIX: &str = "param_norm/";
+
+    /// `grad_norm/{layer}`.
+    pub fn grad(layer: &str) -> String {
+        format!("{GRAD_PREFIX}{layer}")
+    }
+
+    /// `param_norm/{layer}`.
+    pub fn param(layer: &str) -> String {
+        format!("{PARAM_PREFIX}{layer}")
+    }
+}
+
+/// Keys of the instability guard's record (`training.instability_guard`), written at the steps
+/// where it acted; the server lists them as the run's guard events.
+///
+/// - `guard/skipped_steps`: at a step whose update was skipped, the number skipped so far.
+/// - `guard/rollback_to`: at a step that ended in a rollback, the step of the checkpoint the
+///   weights went back to.
+/// - `guard/lr_scale`: at a rollback, the factor on the learning rate from then on.
+pub mod guard_keys {
+    /// Updates skipped so far, at each skipped step.
+    pub const SKIPPED_STEPS: &str = "guard/skipped_steps";
+    /// The checkpoint step a rollback returned to.
+    pub const ROLLBACK_TO: &str = "guard/rollback_to";
+    /// The learning-rate factor after a rollback.
+    pub const LR_SCALE: &str = "guard/lr_scale";
+}
+
 /// Body of `POST /api/v1/runs/{id}/metrics`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MetricBatch {

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_yaml_ng::{Mapping, Value};
 
-use super::{Config, ConfigError, LoraConfig, MoeConfig};
+use super::{Config, ConfigError, InstabilityGuardConfig, LoraConfig, MoeConfig};
 
 /// Built-in profiles, embedded so the binary works from any directory.
 pub const PROFILES: &[(&str, &str)] = &[
@@ -115,12 +115,13 @@ pub(crate) fn schema() -> Value {
     full.model.moe = Some(MoeConfig::default());
     full.training.init_from = Some(String::new());
     full.training.lora = Some(LoraConfig::default());
+    full.training.instability_guard = Some(InstabilityGuardConfig::default());
     // Serializing plain structs of numbers and strings cannot fail.
     serde_yaml_ng::to_value(&full).unwrap_or(Value::Null)
 }
 
 /// Optional sections that may be set to `null` instead of a mapping.
-const NULLABLE_SECTIONS: &[&str] = &["model.moe", "training.lora"];
+const NULLABLE_SECTIONS: &[&str] = &["model.moe", "training.lora", "training.instability_guard"];
 
 pub(crate) fn join(path: &str, key: &str) -> String {
     if path.is_empty() {

@@ -168,6 +168,10 @@ pub enum LrSchedule {
     Polynomial,
     /// Multiply by lr_gamma every step, never below min_lr.
     Exponential,
+    /// Cosine with warm restarts (SGDR, Loshchilov and Hutter): half a cosine from
+    /// learning_rate down to min_lr over lr_restart_period steps, then back to learning_rate for
+    /// a cycle lr_restart_mult times as long, and so on until max_steps.
+    Sgdr,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,6 +206,11 @@ pub struct TrainingConfig {
     pub lr_power: f64,
     /// Per-step multiplicative factor of the exponential schedule.
     pub lr_gamma: f64,
+    /// Steps in the first cycle of the sgdr schedule (counted after warmup).
+    pub lr_restart_period: usize,
+    /// Each sgdr cycle is this many times as long as the one before (>= 1; 1 = all
+    /// cycles equal).
+    pub lr_restart_mult: f64,
     /// The update rule.
     pub optimizer: OptimizerKind,
     /// AdamW/Lion beta1 (SGD ignores).
@@ -220,6 +229,17 @@ pub struct TrainingConfig {
     pub grad_clip: f64,
     /// Micro-batches accumulated per optimizer step.
     pub grad_accum_steps: usize,
+    /// Label smoothing in [0, 1): the target distribution puts 1 - label_smoothing on the next
+    /// token and spreads label_smoothing evenly over the whole vocabulary. train/loss includes
+    /// it; val/loss stays the plain cross-entropy.
+    pub label_smoothing: f64,
+    /// Sequence-length warm-up: stages of shorter training sequences before training.seq_len,
+    /// e.g. `[{seq_len: 16, steps: 100}, {seq_len: 32, steps: 100}]` trains steps 1-100 on 16
+    /// tokens, 101-200 on 32 and the rest on training.seq_len. Empty = off.
+    pub curriculum: Vec<CurriculumStage>,
+    /// Skip updates on a non-finite or spiking loss and roll back to the last checkpoint when
+    /// they repeat; absent = off (a non-finite loss ends the run).
+    pub instability_guard: Option<InstabilityGuardConfig>,
     /// Seeds init, data order and dropout; runs are deterministic on CPU.
     pub seed: u64,
     /// `auto`, `cpu`, `cuda` or `cuda:N`.
@@ -264,6 +284,8 @@ impl Default for TrainingConfig {
             lr_schedule: LrSchedule::Cosine,
             lr_power: 1.0,
             lr_gamma: 0.999,
+            lr_restart_period: 100,
+            lr_restart_mult: 1.0,
             optimizer: OptimizerKind::AdamW,
             beta1: 0.9,
             beta2: 0.95,
@@ -273,6 +295,9 @@ impl Default for TrainingConfig {
             weight_decay: 0.1,
             grad_clip: 1.0,
             grad_accum_steps: 1,
+            label_smoothing: 0.0,
+            curriculum: Vec::new(),
+            instability_guard: None,
             seed: 1337,
             device: "auto".to_string(),
             threads: 0,
@@ -286,6 +311,48 @@ impl Default for TrainingConfig {
             objective: Objective::Lm,
             dpo: DpoConfig::default(),
             lora: None,
+        }
+    }
+}
+
+/// One stage of the sequence-length curriculum.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CurriculumStage {
+    /// Tokens per training sequence during this stage; <= training.seq_len.
+    pub seq_len: usize,
+    /// Optimizer steps the stage lasts.
+    pub steps: usize,
+}
+
+/// The instability guard: a step whose loss is non-finite, or more than spike_factor times the
+/// running mean of recent accepted losses, is skipped (no update; the step still counts). After
+/// rollback_after skipped steps in a row the weights and optimizer state go back to the latest
+/// step checkpoint and the learning rate is multiplied by lr_scale; the step counter and the data
+/// order go on, so the run sees new batches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InstabilityGuardConfig {
+    /// A loss above spike_factor x the running mean of accepted losses is a spike (> 1).
+    pub spike_factor: f64,
+    /// Accepted steps before spikes are judged, so the running mean has settled.
+    pub min_history: usize,
+    /// Skipped steps in a row that trigger a rollback to the latest step checkpoint.
+    pub rollback_after: usize,
+    /// Factor applied to the learning rate at each rollback, in (0, 1].
+    pub lr_scale: f64,
+    /// Rollbacks allowed before the run fails as diverged.
+    pub max_rollbacks: usize,
+}
+
+impl Default for InstabilityGuardConfig {
+    fn default() -> Self {
+        InstabilityGuardConfig {
+            spike_factor: 3.0,
+            min_history: 20,
+            rollback_after: 3,
+            lr_scale: 0.5,
+            max_rollbacks: 3,
         }
     }
 }
@@ -413,6 +480,9 @@ pub struct LoggingConfig {
     pub log_every: usize,
     /// Emit MoE telemetry every N steps.
     pub moe_every: usize,
+    /// Record each layer's gradient and parameter L2 norms (grad_norm/<layer>,
+    /// param_norm/<layer>) every N steps (0 = off).
+    pub layer_norms_every: usize,
     /// Longest time metrics wait before being sent to the server, in milliseconds.
     pub flush_interval_ms: u64,
     /// Progress bar: `auto` (on a terminal), `always` or `never`. The bar stays at the bottom;
@@ -429,6 +499,7 @@ impl Default for LoggingConfig {
         LoggingConfig {
             log_every: 10,
             moe_every: 10,
+            layer_norms_every: 0,
             flush_interval_ms: 1000,
             progress: "auto".to_string(),
             heartbeat_interval_secs: 30,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::{Config, LoraConfig, MoeConfig};
+use super::{Config, InstabilityGuardConfig, LoraConfig, MoeConfig};
 
 /// The source the reference is read from.
 const SOURCE: &str = include_str!("mod.rs");
@@ -127,6 +127,7 @@ fn defaults() -> Value {
     let mut full = Config::default();
     full.model.moe = Some(MoeConfig::default());
     full.training.lora = Some(LoraConfig::default());
+    full.training.instability_guard = Some(InstabilityGuardConfig::default());
     serde_json::to_value(&full).unwrap_or(Value::Null)
 }
 
@@ -220,6 +221,7 @@ fn type_words(types: &Types, ty: &str) -> Option<String> {
         "f64" | "f32" => "number".to_string(),
         "bool" => "`true` or `false`".to_string(),
         "Vec<String>" => "list of strings".to_string(),
+        "Vec<CurriculumStage>" => "list of `{seq_len, steps}`".to_string(),
         "String" => "string".to_string(),
         other => {
             let values: Vec<String> = types

@@ -203,7 +203,70 @@ impl Config {
             ));
         }
         self.validate_dpo()?;
-        self.validate_lora()
+        self.validate_lora()?;
+        self.validate_guide_options()
+    }
+
+    /// Label smoothing, the restart schedule, the curriculum and the instability guard.
+    fn validate_guide_options(&self) -> Result<(), ConfigError> {
+        let t = &self.training;
+        unit_open("training.label_smoothing", t.label_smoothing)?;
+        positive("training.lr_restart_period", t.lr_restart_period)?;
+        if !(t.lr_restart_mult.is_finite() && t.lr_restart_mult >= 1.0) {
+            return Err(ConfigError::invalid(
+                "training.lr_restart_mult",
+                format!("must be >= 1, got {}", t.lr_restart_mult),
+            ));
+        }
+        let lm_only = |key: &str| {
+            ConfigError::invalid(
+                key,
+                "applies to training.objective lm only (dpo scores whole responses)",
+            )
+        };
+        if t.objective == Objective::Dpo {
+            if t.label_smoothing > 0.0 {
+                return Err(lm_only("training.label_smoothing"));
+            }
+            if !t.curriculum.is_empty() {
+                return Err(lm_only("training.curriculum"));
+            }
+            if t.instability_guard.is_some() {
+                return Err(lm_only("training.instability_guard"));
+            }
+        }
+        for (i, stage) in t.curriculum.iter().enumerate() {
+            positive(&format!("training.curriculum[{i}].seq_len"), stage.seq_len)?;
+            positive(&format!("training.curriculum[{i}].steps"), stage.steps)?;
+            if stage.seq_len > t.seq_len {
+                return Err(ConfigError::invalid(
+                    &format!("training.curriculum[{i}].seq_len"),
+                    format!(
+                        "must be <= training.seq_len ({} > {}): the curriculum warms up to it",
+                        stage.seq_len, t.seq_len
+                    ),
+                ));
+            }
+        }
+        if let Some(g) = &t.instability_guard {
+            if !(g.spike_factor.is_finite() && g.spike_factor > 1.0) {
+                return Err(ConfigError::invalid(
+                    "training.instability_guard.spike_factor",
+                    format!("must be > 1, got {}", g.spike_factor),
+                ));
+            }
+            positive(
+                "training.instability_guard.rollback_after",
+                g.rollback_after,
+            )?;
+            if !(g.lr_scale > 0.0 && g.lr_scale <= 1.0) {
+                return Err(ConfigError::invalid(
+                    "training.instability_guard.lr_scale",
+                    format!("must be in (0, 1], got {}", g.lr_scale),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn validate_dpo(&self) -> Result<(), ConfigError> {

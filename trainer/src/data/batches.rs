@@ -84,6 +84,11 @@ impl BatchSampler {
         self.state
     }
 
+    /// Changes the length of the windows drawn from now on (the sequence-length curriculum).
+    pub fn set_seq_len(&mut self, seq_len: usize) {
+        self.seq_len = seq_len;
+    }
+
     /// The next batch of random windows from `split`.
     pub fn next_batch(&mut self, split: &TokenSplit) -> Result<Batch> {
         let last_start = last_start(split, self.seq_len, "training")?;
@@ -211,6 +216,23 @@ mod tests {
         assert!(
             BatchSampler::new(2, 15, 0).next_batch(&data).is_ok(),
             "exactly one window fits"
+        );
+    }
+
+    #[test]
+    fn a_shorter_seq_len_draws_shorter_windows_from_the_same_stream() {
+        let data = split(1000);
+        let mut sampler = BatchSampler::new(2, 32, 5);
+        sampler.set_seq_len(8);
+        let short = sampler.next_batch(&data).unwrap();
+        assert_eq!((short.seq_len, short.x.len()), (8, 16));
+        sampler.set_seq_len(32);
+        let long = sampler.next_batch(&data).unwrap();
+        assert_eq!((long.seq_len, long.x.len()), (32, 64));
+        assert_eq!(
+            sampler.state().batches,
+            2,
+            "every batch counts, whatever its length"
         );
     }
 

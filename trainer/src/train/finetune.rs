@@ -225,6 +225,7 @@ impl Trainer {
             tokens,
             seconds: started.elapsed().as_secs_f64(),
             extra,
+            guard: None,
         })
     }
 

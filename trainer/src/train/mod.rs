@@ -8,10 +8,15 @@
 //! step). The `best` checkpoint holds no optimizer moments: resuming from it continues with
 //! fresh ones.
 
+pub mod curriculum;
 pub mod device;
 pub mod dpo;
 pub mod finetune;
+pub mod guard;
+#[cfg(test)]
+mod guide_tests;
 pub mod mfu;
+pub mod norms;
 pub mod phases;
 pub mod run;
 #[cfg(test)]
@@ -51,6 +56,9 @@ pub struct StepStats {
     pub seconds: f64,
     /// Metrics beyond the basics (MoE telemetry), already under their final keys.
     pub extra: BTreeMap<String, f64>,
+    /// With `training.instability_guard`: whether the update was applied, skipped, or skipped
+    /// with a rollback due ([`Trainer::follow_guard`] carries it out).
+    pub guard: Option<guard::Verdict>,
 }
 
 /// A model being trained, with everything needed to continue it exactly.
@@ -72,6 +80,8 @@ pub struct Trainer {
     base: Option<checkpoint::BaseRef>,
     /// With `training.objective: dpo`: the pairs and the frozen reference.
     preference: Option<dpo::Preference>,
+    /// Test hook: losses of chosen steps multiplied by a factor (see [`guard::FaultPlan`]).
+    faults: guard::FaultPlan,
 }
 
 impl Trainer {
@@ -142,6 +152,7 @@ impl Trainer {
             evals_without_improvement: 0,
             early_stopped: false,
             val_loss: None,
+            guard: guard::GuardState::default(),
         });
         let sampler = BatchSampler::from_state(t.batch_size, t.seq_len, state.sampler);
         let tokenizer_json = data.tokenizer.to_json()?;
@@ -160,7 +171,13 @@ impl Trainer {
             trainable_params,
             base,
             preference,
+            faults: guard::FaultPlan::default(),
         })
+    }
+
+    /// Test hook: from now on, multiply the loss of the plan's steps by their factors.
+    pub fn inject_faults(&mut self, plan: guard::FaultPlan) {
+        self.faults = plan;
     }
 
     pub fn config(&self) -> &Config {
@@ -223,7 +240,10 @@ impl Trainer {
         let _autocast = kernels::autocast::autocast(t.precision);
         let accum = t.grad_accum_steps.max(1);
         let step_index = self.state.step; // 0-based index of this step
-        let lr = lr_at(t, step_index as usize);
+        let lr = lr_at(t, step_index as usize) * self.state.guard.lr_scale;
+        let seq_len = curriculum::seq_len_at(t, step_index);
+        self.sampler.set_seq_len(seq_len);
+        let fault = self.faults.loss_factors.get(&(step_index + 1)).copied();
         let lora_dropout = t.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
         let mut dropout = (self.cfg.model.dropout > 0.0 || lora_dropout)
             .then(|| DropoutRng::new(dropout_seed_for(self.state.dropout_seed, step_index)));
@@ -241,8 +261,12 @@ impl Trainer {
             let batch = self.sampler.next_batch(&self.data.train)?;
             let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)
             let out = self.model.forward(&x, dropout.as_mut())?;
-            let ce = model::cross_entropy(&out.logits, &y)?; // scalar
-                                                             // MoE load-balancing and z losses (already weighted) join the objective.
+            let smoothing = t.label_smoothing;
+            let mut ce = kernels::loss::smoothed_cross_entropy(&out.logits, &y, smoothing)?;
+            if let Some(factor) = fault {
+                ce = ce.affine(factor, 0.0)?;
+            }
+            // MoE load-balancing and z losses (already weighted) join the objective.
             let total = match &out.aux_loss {
                 Some(aux) => (&ce + aux)?,
                 None => ce.clone(),
@@ -261,21 +285,38 @@ impl Trainer {
             moe_stats.extend(out.moe);
             clock.mark("backward")?;
         }
+        let mut extra = BTreeMap::new();
+        let norms_every = self.cfg.logging.layer_norms_every as u64;
+        if norms_every > 0 && (step_index + 1).is_multiple_of(norms_every) {
+            norms::layer_norms(self.optimizer.params(), &grads, &mut extra)?;
+        }
         let grad_norm = clip_grad_norm_on_device(&mut grads, t.grad_clip)?; // scalar, on device
         clock.mark("clip")?;
-        self.optimizer.step(&grads, lr)?;
+        // The guard judges the loss before the update, so it reads it first; without the guard
+        // the step's one read comes after the update.
+        let mut read = None;
+        let verdict = match &t.instability_guard {
+            Some(g) => {
+                let (loss, norm) = read_loss_and_norm(&loss_sum, &grad_norm, accum)?;
+                read = Some((loss, norm));
+                Some(self.state.guard.judge(g, loss, norm))
+            }
+            None => None,
+        };
+        if verdict.is_none_or(guard::Verdict::updates) {
+            self.optimizer.step(&grads, lr)?;
+        }
         clock.mark("optimizer")?;
 
-        let tokens = accum * t.batch_size * t.seq_len;
+        let tokens = accum * t.batch_size * seq_len;
         self.state.step += 1;
         self.state.tokens_seen += tokens as u64;
         self.state.sampler = self.sampler.state();
         self.state.val_loss = None;
-        // The step's one read from the device: the loss and the gradient norm together.
-        let loss_and_norm = Tensor::stack(&[loss_sum, grad_norm.to_device(&self.device)?], 0)?;
-        let read = loss_and_norm.to_vec1::<f32>()?;
-        let (loss, grad_norm) = (read[0] / accum as f32, read[1]);
-        let mut extra = BTreeMap::new();
+        let (loss, grad_norm) = match read {
+            Some(read) => read,
+            None => read_loss_and_norm(&loss_sum, &grad_norm, accum)?,
+        };
         clock.report(&mut extra);
         let moe_every = self.cfg.logging.moe_every.max(1) as u64;
         if !moe_stats.is_empty() && self.state.step.is_multiple_of(moe_every) {
@@ -289,6 +330,7 @@ impl Trainer {
             tokens,
             seconds: started.elapsed().as_secs_f64(),
             extra,
+            guard: verdict,
         })
     }
 
@@ -343,6 +385,14 @@ impl Trainer {
     pub fn save_best(&self, run_dir: &Path) -> Result<PathBuf> {
         checkpoint::save_best(run_dir, &self.snapshot())
     }
+}
+
+/// The step's one read from the device: the summed loss and the gradient norm together; the
+/// loss as the mean over `accum` micro-batches.
+fn read_loss_and_norm(loss_sum: &Tensor, grad_norm: &Tensor, accum: usize) -> Result<(f32, f32)> {
+    let both = Tensor::stack(&[loss_sum, &grad_norm.to_device(loss_sum.device())?], 0)?;
+    let read = both.to_vec1::<f32>()?;
+    Ok((read[0] / accum as f32, read[1]))
 }
 
 /// The dropout seed of step `step`: a fresh generator per step means the step alone fixes the

@@ -27,6 +27,9 @@ pub struct RunOptions {
     pub server: Option<ServerTarget>,
     /// Set (by a signal handler or a caller) to stop after the current step with a checkpoint.
     pub stop: Arc<AtomicBool>,
+    /// Test hook: steps whose loss is multiplied by a factor (NaN or a spike), to exercise the
+    /// instability guard.
+    pub faults: super::guard::FaultPlan,
 }
 
 /// How a run ended.
@@ -111,6 +114,7 @@ fn train(
         Some(dir) => Trainer::resume(cfg.clone(), dev, dir)?,
         None => Trainer::new(cfg.clone(), dev)?,
     };
+    trainer.inject_faults(opts.faults.clone());
     let t = &cfg.training;
     let max_steps = t.max_steps as u64;
     let flops_per_token = crate::model::Gpt::flops_per_token(&cfg.model, t.seq_len);
@@ -145,10 +149,13 @@ fn train(
 
     while trainer.state().step < max_steps && !trainer.state().early_stopped {
         let s = trainer.step()?;
-        if !s.loss.is_finite() {
+        if !s.loss.is_finite() && s.guard.is_none() {
             anyhow::bail!("training diverged at step {}: loss is {}", s.step, s.loss);
         }
         let mut metrics = step_metrics(&s);
+        if let Some(verdict) = s.guard {
+            trainer.follow_guard(verdict, s.step, s.loss, out, &mut metrics)?;
+        }
         if let Some(peak) = peak_flops {
             let tokens_per_s = s.tokens as f64 / s.seconds.max(1e-9);
             metrics.insert(
@@ -355,6 +362,7 @@ mod tests {
             evals_without_improvement: 3,
             early_stopped: true,
             val_loss: None,
+            guard: Default::default(),
         };
         assert_eq!(
             early_stopping_reason(&st, 3),
