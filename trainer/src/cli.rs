@@ -17,7 +17,8 @@ use crate::wire::RunStatus;
 /// `trainyard train`: train a GPT from a config file or profile.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct TrainArgs {
-    /// Config file (YAML) or built-in profile: tiny, small, medium, large, tiny-moe, small-moe.
+    /// Config file (YAML) or built-in profile: tiny, small, medium, large, tiny-moe, small-moe,
+    /// tiny-hybrid, small-hybrid.
     /// With --resume it defaults to the checkpoint's own config.
     #[arg(long, value_name = "FILE|PROFILE")]
     pub config: Option<String>,

@@ -1,4 +1,5 @@
-//! Text generation from a checkpoint: temperature, top-k and nucleus (top-p) sampling.
+//! Text generation from a checkpoint: temperature, top-k and nucleus (top-p) sampling. Models
+//! with Mamba-2 layers generate with carried state (`Gpt::prefill`, `Gpt::decode_step`).
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::data::TextTokenizer;
-use crate::model::Gpt;
+use crate::model::{DecodeState, Gpt};
 
 /// How to pick each next token.
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +86,10 @@ impl LoadedModel {
         let prompt_len = ids.len();
         let context = self.config.model.max_seq_len;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        if self.config.model.has_mamba() {
+            self.extend_recurrent(&mut ids, max_new_tokens, params, &mut rng)?;
+            return render(&self.tokenizer, &ids[prompt_len..]);
+        }
         for _ in 0..max_new_tokens {
             let start = ids.len().saturating_sub(context);
             let window = &ids[start..];
@@ -96,6 +101,39 @@ impl LoadedModel {
             ids.push(next);
         }
         render(&self.tokenizer, &ids[prompt_len..])
+    }
+
+    /// Appends `n` sampled tokens to `ids` with carried state: the prompt runs once, then each
+    /// token is one step (the Mamba-2 recurrence). Each token sees at most the last
+    /// model.max_seq_len tokens, as the windowed path does: when the window is full the state
+    /// restarts from its last max_seq_len tokens.
+    fn extend_recurrent(
+        &self,
+        ids: &mut Vec<u32>,
+        n: usize,
+        params: SamplingParams,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<()> {
+        let context = self.config.model.max_seq_len;
+        let mut state: Option<DecodeState> = None;
+        for _ in 0..n {
+            let logits = match state.as_mut() {
+                Some(s) if s.len() < context => {
+                    let last = Tensor::new(&ids[ids.len() - 1..], &self.device)?; // (1,)
+                    self.model.decode_step(&last, s)?
+                }
+                _ => {
+                    let window = &ids[ids.len().saturating_sub(context)..];
+                    let x = Tensor::new(window, &self.device)?.unsqueeze(0)?; // (1, T)
+                    let (logits, s) = self.model.prefill(&x)?;
+                    state = Some(s);
+                    logits
+                }
+            }; // (1, V)
+            let logits: Vec<f32> = logits.i(0)?.to_dtype(DType::F32)?.to_vec1()?;
+            ids.push(sample_next(&logits, params, rng)?);
+        }
+        Ok(())
     }
 
     /// `loaded checkpoint DIR (step N)`: what `sample` says before the text.

@@ -1,14 +1,15 @@
 //! Finite-difference gradient checks in f64 over every parameter kind: embeddings (learned and
 //! rotary positions), attention qkv/proj, GELU and SwiGLU MLPs, LayerNorm and RMSNorm, the
-//! untied head, dropout, and an MoE block with its router, shared expert and aux/z losses. On
-//! the CPU the ops take their fused kernels; one test repeats the checks on the primitive-op
-//! paths that CUDA and other dtypes take.
+//! untied head, dropout, an MoE block with its router, shared expert and aux/z losses, and
+//! Mamba-2 blocks of a hybrid stack (projections, convolution, decays, step sizes, skip and
+//! gated norm). On the CPU the ops take their fused kernels; two tests repeat the checks on the
+//! primitive-op paths that CUDA and other dtypes take.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
-use trainer::config::{Activation, ModelConfig, MoeConfig, NormKind, PositionKind};
+use trainer::config::{Activation, MambaConfig, ModelConfig, MoeConfig, NormKind, PositionKind};
 use trainer::kernels;
 use trainer::model::{cross_entropy, init_weights, DropoutRng, Gpt};
 
@@ -238,4 +239,60 @@ fn gradients_match_finite_differences_on_the_primitive_op_paths_too() {
         let names = gradcheck(&cfg, None).unwrap();
         assert_covers(&names, &["wte.weight", "attn.c_attn.weight", "ln_f.weight"]);
     }
+}
+
+/// A hybrid stack: Mamba-2 blocks (with and without an MLP), attention, dense and MoE MLPs.
+fn hybrid() -> ModelConfig {
+    let mut cfg = tiny(
+        PositionKind::Rope,
+        NormKind::RmsNorm,
+        Activation::Swiglu,
+        false,
+    );
+    cfg.layer_pattern = Some("MFAEM".to_string());
+    cfg.n_layers = 3;
+    cfg.mamba = Some(MambaConfig {
+        d_state: 3,
+        d_conv: 3,
+        expand: 2,
+        head_dim: 4,
+        chunk_size: 3, // 7 tokens: two full chunks and a padded one
+    });
+    cfg.moe = Some(MoeConfig {
+        num_experts: 3,
+        top_k: 2,
+        ..MoeConfig::default()
+    });
+    cfg
+}
+
+#[test]
+fn gradients_match_finite_differences_for_mamba2_blocks_conv_and_gated_norm_included() {
+    let names = gradcheck(&hybrid(), None).unwrap();
+    let mamba = [
+        "in_proj.weight",
+        "conv1d.weight",
+        "conv1d.bias",
+        "dt_bias",
+        "A_log",
+        "mamba.D",
+        "ln_out.weight",
+        "out_proj.weight",
+    ];
+    for block in ["h.0.mamba.", "h.2.mamba."] {
+        let kinds: Vec<String> = mamba
+            .iter()
+            .map(|k| format!("{block}{}", k.trim_start_matches("mamba.")))
+            .collect();
+        let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
+        assert_covers(&names, &kinds);
+    }
+    assert_covers(&names, &["h.1.attn.c_attn.weight", "h.1.mlp.router.weight"]);
+}
+
+#[test]
+fn mamba2_gradients_match_finite_differences_on_the_primitive_op_paths_too() {
+    let _primitives = kernels::primitives_only();
+    let names = gradcheck(&hybrid(), None).unwrap();
+    assert_covers(&names, &["h.0.mamba.ln_out.weight", "h.0.mamba.conv1d.weight"]);
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_yaml_ng::{Mapping, Value};
 
-use super::{Config, ConfigError, InstabilityGuardConfig, LoraConfig, MoeConfig};
+use super::{Config, ConfigError, InstabilityGuardConfig, LoraConfig, MambaConfig, MoeConfig};
 
 /// Built-in profiles, embedded so the binary works from any directory.
 pub const PROFILES: &[(&str, &str)] = &[
@@ -15,6 +15,8 @@ pub const PROFILES: &[(&str, &str)] = &[
     ("large", include_str!("../../../configs/large.yaml")),
     ("tiny-moe", include_str!("../../../configs/tiny-moe.yaml")),
     ("small-moe", include_str!("../../../configs/small-moe.yaml")),
+    ("tiny-hybrid", include_str!("../../../configs/tiny-hybrid.yaml")),
+    ("small-hybrid", include_str!("../../../configs/small-hybrid.yaml")),
 ];
 
 impl Config {
@@ -45,7 +47,8 @@ impl Config {
         Config::from_yaml_str(&text)
     }
 
-    /// One of the built-in profiles (`tiny`, `small`, `medium`, `large`, `tiny-moe`, `small-moe`).
+    /// One of the built-in profiles (`tiny`, `small`, `medium`, `large`, `tiny-moe`, `small-moe`,
+    /// `tiny-hybrid`, `small-hybrid`).
     pub fn from_profile(name: &str) -> Result<Config, ConfigError> {
         match PROFILES.iter().find(|(n, _)| *n == name) {
             Some((_, text)) => Config::from_yaml_str(text),
@@ -113,6 +116,8 @@ fn unknown_profile(name: &str) -> ConfigError {
 pub(crate) fn schema() -> Value {
     let mut full = Config::default();
     full.model.moe = Some(MoeConfig::default());
+    full.model.mamba = Some(MambaConfig::default());
+    full.model.layer_pattern = Some(String::new());
     full.training.init_from = Some(String::new());
     full.training.lora = Some(LoraConfig::default());
     full.training.instability_guard = Some(InstabilityGuardConfig::default());
@@ -121,7 +126,12 @@ pub(crate) fn schema() -> Value {
 }
 
 /// Optional sections that may be set to `null` instead of a mapping.
-const NULLABLE_SECTIONS: &[&str] = &["model.moe", "training.lora", "training.instability_guard"];
+const NULLABLE_SECTIONS: &[&str] = &[
+    "model.moe",
+    "model.mamba",
+    "training.lora",
+    "training.instability_guard",
+];
 
 pub(crate) fn join(path: &str, key: &str) -> String {
     if path.is_empty() {

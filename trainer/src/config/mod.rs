@@ -81,6 +81,16 @@ pub struct ModelConfig {
     pub init_std: f64,
     /// Mixture-of-Experts blocks; absent = dense model.
     pub moe: Option<MoeConfig>,
+    /// The stack as letters, block by block: a mixer, `A` (attention) or `M` (Mamba-2), each
+    /// optionally followed by the block's MLP, `F` (dense) or `E` (MoE, shaped by model.moe);
+    /// an MLP letter with no mixer before it is a block of its own. `MFMEAF` is three blocks,
+    /// `MMAF` three (M, M, AF). It must describe model.n_layers blocks; with it,
+    /// model.moe.every_n_layers is not used. Absent = `AF` per block (`AE` where model.moe
+    /// puts MoE).
+    pub layer_pattern: Option<String>,
+    /// Shape of the Mamba-2 mixers (the `M` letters of model.layer_pattern); absent = the
+    /// defaults below.
+    pub mamba: Option<MambaConfig>,
 }
 
 impl Default for ModelConfig {
@@ -102,6 +112,8 @@ impl Default for ModelConfig {
             tie_embeddings: true,
             init_std: 0.02,
             moe: None,
+            layer_pattern: None,
+            mamba: None,
         }
     }
 }
@@ -140,6 +152,38 @@ impl Default for MoeConfig {
             z_loss_weight: 0.001,
             router_jitter: 0.0,
             shared_expert: false,
+        }
+    }
+}
+
+/// A Mamba-2 mixer (state-space duality, Dao and Gu 2024): per head, a state h (head_dim ×
+/// d_state) decays by exp(dt·A) each token and takes in dt·x·Bᵀ; the output reads it with C.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MambaConfig {
+    /// Size N of the state per channel: B and C are N-vectors per token, shared by all heads.
+    pub d_state: usize,
+    /// Taps of the causal depthwise convolution over x, B and C (the current token included);
+    /// at least 2.
+    pub d_conv: usize,
+    /// Inner width = expand · model.d_model: the channels the state-space scan runs over.
+    pub expand: usize,
+    /// Channels per head; expand · model.d_model must be a multiple of it. Each head has one
+    /// decay A and one step size dt.
+    pub head_dim: usize,
+    /// Tokens per chunk of the training scan: masked quadratic (attention-like) form within a
+    /// chunk, a state passed from chunk to chunk. Generation steps the recurrence instead.
+    pub chunk_size: usize,
+}
+
+impl Default for MambaConfig {
+    fn default() -> Self {
+        MambaConfig {
+            d_state: 16,
+            d_conv: 4,
+            expand: 2,
+            head_dim: 16,
+            chunk_size: 32,
         }
     }
 }
@@ -510,9 +554,11 @@ impl Default for LoggingConfig {
 mod error;
 mod load;
 mod overrides;
+mod pattern;
 pub mod reference;
 mod validate;
 
 pub use error::ConfigError;
 pub use load::PROFILES;
+pub use pattern::{BlockKind, FfnKind, MixerKind};
 pub use validate::{DeviceSpec, LORA_TARGETS};

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::{Config, InstabilityGuardConfig, LoraConfig, MoeConfig};
+use super::{Config, InstabilityGuardConfig, LoraConfig, MambaConfig, MoeConfig};
 
 /// The source the reference is read from.
 const SOURCE: &str = include_str!("mod.rs");
@@ -126,6 +126,7 @@ fn parse(source: &str) -> Result<Types, String> {
 fn defaults() -> Value {
     let mut full = Config::default();
     full.model.moe = Some(MoeConfig::default());
+    full.model.mamba = Some(MambaConfig::default());
     full.training.lora = Some(LoraConfig::default());
     full.training.instability_guard = Some(InstabilityGuardConfig::default());
     serde_json::to_value(&full).unwrap_or(Value::Null)
@@ -139,8 +140,8 @@ fn render(types: &Types) -> Result<String, String> {
          Regenerate with: {REGENERATE} -->\n\n\
          A run's configuration has four sections. `trainyard train --config FILE|PROFILE` reads \
          a YAML file or a built-in profile (`tiny`, `small`, `medium`, `large`, `tiny-moe`, \
-         `small-moe`); every key left out takes the default below. `--set KEY=VALUE` \
-         overrides one key by its path (`--set training.max_steps=500`). The result is checked \
+         `small-moe`, `tiny-hybrid`, `small-hybrid`); every key left out takes the default \
+         below. `--set KEY=VALUE` overrides one key by its path (`--set training.max_steps=500`). The result is checked \
          before any work starts; a mistake names its key. \
          `trainyard train --config ... --set ... --print-config` prints the resolved config as \
          YAML without training.\n"

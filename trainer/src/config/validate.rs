@@ -141,7 +141,7 @@ impl Config {
             non_negative("model.moe.z_loss_weight", moe.z_loss_weight)?;
             unit_open("model.moe.router_jitter", moe.router_jitter)?;
         }
-        Ok(())
+        self.validate_hybrid()
     }
 
     fn validate_training(&self) -> Result<(), ConfigError> {

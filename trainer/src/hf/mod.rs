@@ -56,6 +56,11 @@ pub fn arch_for(cfg: &ModelConfig) -> Result<Arch, String> {
     use Activation::*;
     use NormKind::*;
     use PositionKind::*;
+    if let Some(pattern) = &cfg.layer_pattern {
+        return Err(format!(
+            "a hybrid stack (model.layer_pattern {pattern}) has no transformers architecture here"
+        ));
+    }
     let shape = |c: &ModelConfig| {
         format!(
             "this model has model.position {}, model.norm {}, model.activation {}",

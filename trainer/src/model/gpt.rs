@@ -3,91 +3,8 @@
 use candle_core::{bail, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::{
-    maybe_dropout, CausalSelfAttention, DropoutRng, Embedding, Linear, Mlp, ModelOutput, MoeLayer,
-    MoeLayerStats, Norm,
-};
-use crate::config::{Activation, LoraConfig, ModelConfig, PositionKind};
-
-#[derive(Debug, Clone)]
-enum FeedForward {
-    Dense(Mlp),
-    Moe(MoeLayer),
-}
-
-/// x + attn(ln_1(x)), then x + mlp(ln_2(x)); the MLP may be a Mixture-of-Experts.
-#[derive(Debug, Clone)]
-pub struct Block {
-    ln_1: Norm,
-    attn: CausalSelfAttention,
-    ln_2: Norm,
-    mlp: FeedForward,
-    dropout: f64,
-}
-
-impl Block {
-    pub fn new(cfg: &ModelConfig, layer: usize, vb: VarBuilder) -> Result<Self> {
-        let mlp = match &cfg.moe {
-            Some(moe) if (layer + 1).is_multiple_of(moe.every_n_layers) => {
-                FeedForward::Moe(MoeLayer::new(cfg, moe, layer, vb.pp("mlp"))?)
-            }
-            _ => FeedForward::Dense(Mlp::new(cfg, vb.pp("mlp"))?),
-        };
-        Ok(Block {
-            ln_1: Norm::new(cfg, vb.pp("ln_1"))?,
-            attn: CausalSelfAttention::new(cfg, vb.pp("attn"))?,
-            ln_2: Norm::new(cfg, vb.pp("ln_2"))?,
-            mlp,
-            dropout: cfg.dropout,
-        })
-    }
-
-    /// LoRA adapters on the projections `lora.targets` names; `vb` is the block's path.
-    pub fn adapt(&mut self, lora: &LoraConfig, vb: &VarBuilder) -> Result<()> {
-        self.attn.adapt(lora, &vb.pp("attn"))?;
-        let targets = |t: &str| lora.targets.iter().any(|x| x == t);
-        match &mut self.mlp {
-            FeedForward::Dense(mlp) => {
-                mlp.adapt(lora, targets("mlp_in"), targets("mlp_out"), &vb.pp("mlp"))
-            }
-            FeedForward::Moe(moe) => moe.adapt(lora, &vb.pp("mlp")),
-        }
-    }
-
-    /// The same block without adapters (sharing the weights).
-    pub fn without_adapters(&self) -> Self {
-        Block {
-            attn: self.attn.without_adapters(),
-            mlp: match &self.mlp {
-                FeedForward::Dense(mlp) => FeedForward::Dense(mlp.without_adapters()),
-                FeedForward::Moe(moe) => FeedForward::Moe(moe.without_adapters()),
-            },
-            ..self.clone()
-        }
-    }
-
-    /// x (B, T, D) → (B, T, D), plus the MoE layer's weighted aux loss and stats.
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        mut rng: Option<&mut DropoutRng>,
-    ) -> Result<(Tensor, Option<(Tensor, MoeLayerStats)>)> {
-        let a = self
-            .attn
-            .forward(&self.ln_1.forward(x)?, rng.as_deref_mut())?;
-        let x = (x + maybe_dropout(&a, self.dropout, rng.as_deref_mut())?)?;
-        let h = self.ln_2.forward(&x)?;
-        let (m, moe) = match &self.mlp {
-            FeedForward::Dense(mlp) => (mlp.forward_t(&h, rng.as_deref_mut())?, None),
-            FeedForward::Moe(moe) => {
-                let out = moe.forward(&h, rng.as_deref_mut())?;
-                (out.y, Some((out.aux_loss, out.stats)))
-            }
-        };
-        let x = (x + maybe_dropout(&m, self.dropout, rng)?)?;
-        Ok((x, moe))
-    }
-}
+use super::{maybe_dropout, Block, DropoutRng, Embedding, Linear, ModelOutput, Norm};
+use crate::config::{Activation, FfnKind, LoraConfig, MixerKind, ModelConfig, PositionKind};
 
 #[derive(Debug, Clone)]
 pub struct Gpt {
@@ -197,8 +114,41 @@ impl Gpt {
         })
     }
 
+    /// The residual blocks in order. Everything between `embed` and `head` goes through here,
+    /// so activation checkpointing (`model::recompute`) covers every kind of block.
+    pub(crate) fn blocks(&self) -> &[Block] {
+        &self.h
+    }
+
+    /// Embeddings of tokens at positions start, start + 1, ... (generation after a prefix):
+    /// idx (B, T) → (B, T, D), no dropout.
+    pub(crate) fn embed_from(&self, idx: &Tensor, start: usize) -> Result<Tensor> {
+        let (_, t) = idx.dims2()?;
+        if start + t > self.cfg.max_seq_len {
+            bail!(
+                "position {} exceeds model.max_seq_len {}",
+                start + t,
+                self.cfg.max_seq_len
+            );
+        }
+        let x = self.wte.forward(idx)?; // (B, T, D)
+        match &self.wpe {
+            Some(wpe) => {
+                let pos = Tensor::arange(start as u32, (start + t) as u32, idx.device())?;
+                x.broadcast_add(&wpe.forward(&pos)?) // (B, T, D)
+            }
+            None => Ok(x),
+        }
+    }
+
+    /// Final norm and output head: (B, T, D) → logits (B, T, V).
+    pub(crate) fn head(&self, x: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(&self.ln_f.forward(x)?)
+    }
+
     /// Training FLOPs per token: 6 per active matmul weight (forward + backward) plus the
-    /// attention scores and mixing, 12·L·D·T (the PaLM / nanoGPT estimate used for MFU).
+    /// attention scores and mixing, 12·D·T per attention block (the PaLM / nanoGPT estimate
+    /// used for MFU), plus each Mamba-2 block's scan (`mamba::flops_per_token`).
     pub fn flops_per_token(cfg: &ModelConfig, seq_len: usize) -> f64 {
         let d = cfg.d_model as f64;
         let ff = cfg.d_ff as f64;
@@ -206,19 +156,32 @@ impl Gpt {
             Activation::Gelu => 2.0 * d * ff,
             Activation::Swiglu => 3.0 * d * ff,
         };
-        let mut per_token = 0.0;
-        for layer in 0..cfg.n_layers {
-            per_token += 4.0 * d * d; // c_attn + c_proj
-            per_token += match &cfg.moe {
-                Some(m) if (layer + 1) % m.every_n_layers == 0 => {
+        let mut per_token = 0.0; // active matmul weights
+        let mut mixing = 0.0; // training FLOPs that are not weight matmuls
+        // A config that fails validation never trains, so it needs no count.
+        for block in cfg.blocks().unwrap_or_default() {
+            match block.mixer {
+                Some(MixerKind::Attention) => {
+                    per_token += 4.0 * d * d; // c_attn + c_proj
+                    mixing += 12.0 * d * seq_len as f64;
+                }
+                Some(MixerKind::Mamba) => {
+                    let (weights, scan) = super::mamba::flops_per_token(cfg, seq_len);
+                    per_token += weights;
+                    mixing += scan;
+                }
+                None => {}
+            }
+            per_token += match (block.mlp, &cfg.moe) {
+                (Some(FfnKind::Moe), Some(m)) => {
                     let shared = if m.shared_expert { mlp } else { 0.0 };
                     m.top_k as f64 * mlp + shared + d * m.num_experts as f64
                 }
-                _ => mlp,
+                (Some(_), _) => mlp,
+                (None, _) => 0.0,
             };
         }
         per_token += d * cfg.vocab_size as f64; // output head
-        let attention = 12.0 * cfg.n_layers as f64 * d * seq_len as f64;
-        6.0 * per_token + attention
+        6.0 * per_token + mixing
     }
 }

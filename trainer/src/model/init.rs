@@ -42,8 +42,10 @@ fn normal(rng: &mut ChaCha8Rng, n: usize, std: f64) -> Vec<f64> {
 }
 
 /// GPT-2 init: N(0, init_std) for weights and embeddings, N(0, init_std/sqrt(2·n_layers)) for
-/// the residual output projections (`c_proj`), zero biases, unit norm gains. Variables are
-/// visited in sorted-name order from one seeded stream, so the result depends only on `seed`.
+/// the residual output projections (`c_proj`, Mamba's `out_proj`), zero biases, unit norm
+/// gains; the Mamba-2 decays, step sizes, skips and convolutions as `mamba::init_value` says.
+/// Variables are visited in sorted-name order from one seeded stream, so the result depends
+/// only on `seed`.
 pub fn init_weights(varmap: &VarMap, cfg: &ModelConfig, seed: u64) -> Result<()> {
     let data = varmap
         .data()
@@ -61,11 +63,13 @@ pub fn init_weights(varmap: &VarMap, cfg: &ModelConfig, seed: u64) -> Result<()>
     for name in names {
         let var = &data[name];
         let n = var.elem_count();
-        let values = if name.ends_with(".bias") {
+        let values = if let Some(v) = super::mamba::init_value(name, var.dims(), &mut rng) {
+            v
+        } else if name.ends_with(".bias") {
             vec![0.0; n]
         } else if is_norm(name) {
             vec![1.0; n]
-        } else if name.ends_with("c_proj.weight") {
+        } else if name.ends_with("c_proj.weight") || name.ends_with("out_proj.weight") {
             normal(&mut rng, n, resid_std)
         } else {
             normal(&mut rng, n, cfg.init_std)

@@ -4,11 +4,14 @@
 //! backward pass: the finite-difference tests in `tests/gradcheck.rs` prove it.
 
 mod attention;
+mod block;
+mod decode;
 mod embedding;
 mod gpt;
 mod init;
 mod linear;
 pub mod lora;
+pub mod mamba;
 mod mlp;
 pub mod moe;
 mod norm;
@@ -23,7 +26,9 @@ use serde::{Deserialize, Serialize};
 pub use crate::kernels::cross_entropy;
 pub use attention::CausalSelfAttention;
 pub use embedding::Embedding;
-pub use gpt::{Block, Gpt};
+pub use block::{Block, MixerCache};
+pub use decode::DecodeState;
+pub use gpt::Gpt;
 pub use init::{init_weights, is_decayed, num_params};
 pub use linear::Linear;
 pub use mlp::Mlp;

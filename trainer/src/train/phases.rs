@@ -1,7 +1,11 @@
 //! Optional per-phase step timing (`TRAINYARD_PROFILE=phases`): the device is synchronised at
 //! each phase boundary, so the times are what each phase really costs on a GPU, at the price of
 //! those synchronisations. Off by default; then it does nothing.
+//!
+//! With it on, each block's forward is timed too, by the kind of its mixer (`LayerTimer`), so a
+//! hybrid model reports how the forward divides between attention, Mamba-2 and MLP-only blocks.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -30,6 +34,8 @@ impl<'a> PhaseClock<'a> {
     pub fn new(device: &'a Device, on: bool) -> Result<Self> {
         if on {
             device.synchronize()?;
+            // Forwards outside the step (evaluation) are not the step's.
+            LAYER_MS.with(|m| m.borrow_mut().clear());
         }
         Ok(PhaseClock {
             device,
@@ -49,11 +55,58 @@ impl<'a> PhaseClock<'a> {
         Ok(())
     }
 
-    /// The phase times as metrics `perf/ms/<phase>`.
+    /// The phase times as metrics `perf/ms/<phase>`, and the blocks' forward times by kind as
+    /// `perf/ms/forward/<kind>` with their shares of the blocks' total, `perf/share/<kind>`.
     pub fn report(self, out: &mut BTreeMap<String, f64>) {
+        if self.last.is_none() {
+            return;
+        }
         for (name, ms) in self.totals {
             out.insert(format!("perf/ms/{name}"), ms);
         }
+        let layers = LAYER_MS.with(|m| std::mem::take(&mut *m.borrow_mut()));
+        let total: f64 = layers.values().sum();
+        for (kind, ms) in layers {
+            out.insert(format!("perf/ms/forward/{kind}"), ms);
+            if total > 0.0 {
+                out.insert(format!("perf/share/{kind}"), ms / total);
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Forward milliseconds per kind of block since the step began (the step's thread).
+    static LAYER_MS: RefCell<BTreeMap<&'static str, f64>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+/// Times one block's forward (recomputations under activation checkpointing included) when
+/// phase profiling is on; does nothing otherwise.
+pub struct LayerTimer {
+    kind: &'static str,
+    start: Option<(Instant, Device)>,
+}
+
+impl LayerTimer {
+    /// Starts timing a block of `kind` whose input lives on `device`.
+    pub fn start(device: &Device, kind: &'static str) -> Result<Self> {
+        let start = if enabled() {
+            device.synchronize()?;
+            Some((Instant::now(), device.clone()))
+        } else {
+            None
+        };
+        Ok(LayerTimer { kind, start })
+    }
+
+    /// Waits for the device and adds the time since `start` to the block's kind.
+    pub fn stop(self) -> Result<()> {
+        if let Some((start, device)) = self.start {
+            device.synchronize()?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            LAYER_MS.with(|m| *m.borrow_mut().entry(self.kind).or_default() += ms);
+        }
+        Ok(())
     }
 }
 
@@ -81,5 +134,22 @@ mod tests {
         let mut none = BTreeMap::new();
         off.report(&mut none);
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn layer_times_are_reported_by_kind_with_their_shares() {
+        let dev = Device::Cpu;
+        let clock = PhaseClock::new(&dev, true).unwrap();
+        LAYER_MS.with(|m| {
+            let mut m = m.borrow_mut();
+            m.insert("mamba", 3.0);
+            m.insert("attention", 1.0);
+        });
+        let mut out = BTreeMap::new();
+        clock.report(&mut out);
+        assert_eq!(out["perf/ms/forward/mamba"], 3.0);
+        assert_eq!(out["perf/share/mamba"], 0.75);
+        assert_eq!(out["perf/share/attention"], 0.25);
+        assert!(LAYER_MS.with(|m| m.borrow().is_empty()), "drained");
     }
 }
