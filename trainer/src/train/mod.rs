@@ -320,7 +320,7 @@ impl Trainer {
         clock.report(&mut extra);
         let moe_every = self.cfg.logging.moe_every.max(1) as u64;
         if !moe_stats.is_empty() && self.state.step.is_multiple_of(moe_every) {
-            moe_metrics(&moe_stats, &mut extra);
+            moe_metrics(&moe_stats, &mut extra)?;
         }
         Ok(StepStats {
             step: self.state.step,
@@ -404,15 +404,16 @@ fn dropout_seed_for(base: u64, step: u64) -> u64 {
 /// MoE telemetry (keys in `wire::moe_keys`): the aux and z losses (unweighted, mean over layers
 /// and micro-batches), and per layer each expert's share of routing assignments, the dropped
 /// fraction and the router entropy (micro-batches averaged).
-pub fn moe_metrics(stats: &[MoeLayerStats], out: &mut BTreeMap<String, f64>) {
+pub fn moe_metrics(stats: &[MoeLayerStats], out: &mut BTreeMap<String, f64>) -> Result<()> {
     let n = stats.len().max(1) as f64;
+    let losses = MoeLayerStats::read_losses(stats)?;
     out.insert(
         moe_keys::AUX_LOSS.into(),
-        stats.iter().map(|s| f64::from(s.aux_loss)).sum::<f64>() / n,
+        losses.iter().map(|l| f64::from(l.0)).sum::<f64>() / n,
     );
     out.insert(
         moe_keys::Z_LOSS.into(),
-        stats.iter().map(|s| f64::from(s.z_loss)).sum::<f64>() / n,
+        losses.iter().map(|l| f64::from(l.1)).sum::<f64>() / n,
     );
     let mut per_layer: BTreeMap<usize, Vec<&MoeLayerStats>> = BTreeMap::new();
     for s in stats {
@@ -437,4 +438,5 @@ pub fn moe_metrics(stats: &[MoeLayerStats], out: &mut BTreeMap<String, f64>) {
         let entropy: f64 = group.iter().map(|s| f64::from(s.router_entropy)).sum();
         out.insert(moe_keys::entropy(layer), entropy / k);
     }
+    Ok(())
 }

@@ -4,7 +4,6 @@
 
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
-use serde::{Deserialize, Serialize};
 
 mod routing;
 
@@ -15,7 +14,7 @@ use crate::config::{LoraConfig, ModelConfig, MoeConfig};
 use crate::kernels;
 
 /// Routing statistics of one MoE layer for one forward pass (telemetry).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct MoeLayerStats {
     /// Block index.
     pub layer: usize,
@@ -26,10 +25,24 @@ pub struct MoeLayerStats {
     pub dropped_fraction: f32,
     /// Mean over tokens of the router distribution's entropy, in nats.
     pub router_entropy: f32,
-    /// Unweighted load-balancing loss E·Σ f_i·P_i (1.0 when perfectly balanced).
-    pub aux_loss: f32,
-    /// Unweighted router z-loss, mean of logsumexp(router logits)².
-    pub z_loss: f32,
+    /// (2,) f32, detached, left on the device: the unweighted load-balancing loss E·Σ f_i·P_i
+    /// (1.0 when perfectly balanced), then the unweighted router z-loss, mean of
+    /// logsumexp(router logits)². Reading them here would stop the host at every layer of
+    /// every micro-batch until the GPU caught up; [`MoeLayerStats::read_losses`] reads all
+    /// layers' at once, on the steps that log them.
+    pub losses: Tensor,
+}
+
+impl MoeLayerStats {
+    /// The (aux, z) losses of every entry, in one read from the device.
+    pub fn read_losses(stats: &[MoeLayerStats]) -> Result<Vec<(f32, f32)>> {
+        if stats.is_empty() {
+            return Ok(Vec::new());
+        }
+        let all: Vec<&Tensor> = stats.iter().map(|s| &s.losses).collect();
+        let rows = Tensor::stack(&all, 0)?.to_vec2::<f32>()?; // (entries, 2)
+        Ok(rows.into_iter().map(|r| (r[0], r[1])).collect())
+    }
 }
 
 /// What an MoE layer returns.
@@ -212,8 +225,7 @@ impl MoeLayer {
             tokens_per_expert: frac,
             dropped_fraction: plan.dropped as f32 / total,
             router_entropy: entropy,
-            aux_loss: aux.to_dtype(DType::F32)?.to_scalar::<f32>()?,
-            z_loss: z.to_dtype(DType::F32)?.to_scalar::<f32>()?,
+            losses: Tensor::stack(&[aux.detach(), z.detach()], 0)?.to_dtype(DType::F32)?,
         };
         Ok((weighted, stats))
     }
