@@ -11,7 +11,7 @@ fn set(cfg: &mut Config, args: &[&str]) -> Result<(), ConfigError> {
 
 #[test]
 fn every_profile_loads_and_validates() {
-    assert_eq!(PROFILES.len(), 6);
+    assert_eq!(PROFILES.len(), 8);
     for (name, _) in PROFILES {
         let cfg = Config::from_profile(name).unwrap_or_else(|e| panic!("{name}: {e}"));
         cfg.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
