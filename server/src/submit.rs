@@ -22,7 +22,8 @@ pub struct SubmitArgs {
     /// A YAML config file.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// A built-in profile (tiny, small, medium, large, tiny-moe, small-moe).
+    /// A built-in profile (tiny, small, medium, large, tiny-moe, small-moe, tiny-hybrid,
+    /// small-hybrid).
     #[arg(long)]
     pub profile: Option<String>,
     /// Continue this ended run (its id) from a checkpoint, as a new attempt of the same run,
