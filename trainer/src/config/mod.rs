@@ -284,6 +284,10 @@ pub struct TrainingConfig {
     /// Skip updates on a non-finite or spiking loss and roll back to the last checkpoint when
     /// they repeat; absent = off (a non-finite loss ends the run).
     pub instability_guard: Option<InstabilityGuardConfig>,
+    /// Activation checkpointing: keep only each block's input in the forward and recompute the
+    /// block's activations in the backward (same gradients, lower peak memory, about one more
+    /// forward pass of compute).
+    pub gradient_checkpointing: bool,
     /// Seeds init, data order and dropout; runs are deterministic on CPU.
     pub seed: u64,
     /// `auto`, `cpu`, `cuda` or `cuda:N`.
@@ -342,6 +346,7 @@ impl Default for TrainingConfig {
             label_smoothing: 0.0,
             curriculum: Vec::new(),
             instability_guard: None,
+            gradient_checkpointing: false,
             seed: 1337,
             device: "auto".to_string(),
             threads: 0,

@@ -79,6 +79,29 @@ impl Gpt {
         idx: &Tensor,
         mut dropout: Option<&mut DropoutRng>,
     ) -> Result<ModelOutput> {
+        let mut x = self.embed(idx, dropout.as_deref_mut())?; // (B, T, D)
+        let mut aux: Option<Tensor> = None;
+        let mut stats = Vec::new();
+        for block in self.blocks() {
+            let (y, moe) = block.forward(&x, dropout.as_deref_mut())?;
+            x = y;
+            if let Some((loss, s)) = moe {
+                aux = Some(match aux {
+                    Some(a) => (a + loss)?,
+                    None => loss,
+                });
+                stats.push(s);
+            }
+        }
+        Ok(ModelOutput {
+            logits: self.head(&x)?,
+            aux_loss: aux,
+            moe: stats,
+        })
+    }
+
+    /// Token (and learned position) embeddings with embedding dropout: idx (B, T) → (B, T, D).
+    pub(crate) fn embed(&self, idx: &Tensor, dropout: Option<&mut DropoutRng>) -> Result<Tensor> {
         let (_, t) = idx.dims2()?;
         if t > self.cfg.max_seq_len {
             bail!(
@@ -91,27 +114,7 @@ impl Gpt {
             let pos = Tensor::arange(0u32, t as u32, idx.device())?; // (T,)
             x = x.broadcast_add(&wpe.forward(&pos)?)?; // (B, T, D)
         }
-        let mut x = maybe_dropout(&x, self.cfg.dropout, dropout.as_deref_mut())?;
-        let mut aux: Option<Tensor> = None;
-        let mut stats = Vec::new();
-        for block in &self.h {
-            let (y, moe) = block.forward(&x, dropout.as_deref_mut())?;
-            x = y;
-            if let Some((loss, s)) = moe {
-                aux = Some(match aux {
-                    Some(a) => (a + loss)?,
-                    None => loss,
-                });
-                stats.push(s);
-            }
-        }
-        let x = self.ln_f.forward(&x)?; // (B, T, D)
-        let logits = self.lm_head.forward(&x)?; // (B, T, V)
-        Ok(ModelOutput {
-            logits,
-            aux_loss: aux,
-            moe: stats,
-        })
+        maybe_dropout(&x, self.cfg.dropout, dropout)
     }
 
     /// The residual blocks in order. Everything between `embed` and `head` goes through here,

@@ -15,6 +15,7 @@ pub mod mamba;
 mod mlp;
 pub mod moe;
 mod norm;
+mod recompute;
 
 use candle_core::{Result, Tensor};
 use rand::Rng;
@@ -34,6 +35,7 @@ pub use linear::Linear;
 pub use mlp::Mlp;
 pub use moe::{MoeLayer, MoeLayerStats};
 pub use norm::Norm;
+pub use recompute::TrainPass;
 
 /// What one forward pass produces.
 #[derive(Debug, Clone)]

@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 
 use crate::data::{split, Document, SamplerState, TextTokenizer};
-use crate::model::{DropoutRng, Gpt};
+use crate::model::{DropoutRng, Gpt, TrainPass};
 
 /// One preference record.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -227,21 +227,24 @@ impl Preference {
             .collect()
     }
 
-    /// The loss and statistics of `pairs` under `policy` (dropout when `rng` is given).
-    pub fn batch_loss(
+    /// The loss and statistics of `pairs` under `policy` (dropout when `rng` is given), and the
+    /// policy's forward pass, whose `backward` takes the loss (with `checkpoint`, recomputing
+    /// the blocks).
+    pub fn batch_loss<'m>(
         &self,
-        policy: &Gpt,
+        policy: &'m Gpt,
         pairs: &[&Pair],
         tokenizer: &TextTokenizer,
         seq_len: usize,
         rng: Option<&mut DropoutRng>,
-    ) -> Result<(Tensor, DpoStats)> {
+        checkpoint: bool,
+    ) -> Result<(Tensor, DpoStats, TrainPass<'m>)> {
         let dev = policy.device().clone();
         let b = encode(pairs, tokenizer, seq_len, &dev)?;
         let p = pairs.len();
-        let out = policy.forward(&b.inputs, rng)?;
-        let logps = sequence_logps(&out.logits, &b.targets, &b.mask)?; // (2P,)
-        let reference = self.reference.forward(&b.inputs, None)?;
+        let pass = policy.forward_train(&b.inputs, rng, checkpoint)?;
+        let logps = sequence_logps(&pass.output.logits, &b.targets, &b.mask)?; // (2P,)
+        let reference = self.reference.forward_no_grad(&b.inputs)?;
         let ref_logps = sequence_logps(&reference.logits, &b.targets, &b.mask)?.detach();
         let (loss, stats) = loss(
             &logps.narrow(0, 0, p)?,
@@ -251,11 +254,11 @@ impl Preference {
             self.beta,
         )?;
         // MoE load-balancing losses keep the router healthy under preference tuning too.
-        let loss = match out.aux_loss {
+        let loss = match &pass.output.aux_loss {
             Some(aux) => (loss + aux)?,
             None => loss,
         };
-        Ok((loss, stats))
+        Ok((loss, stats, pass))
     }
 
     /// Statistics over every validation pair, in batches of `batch` (no dropout).
@@ -269,7 +272,7 @@ impl Preference {
         let mut parts = Vec::new();
         for chunk in self.val.chunks(batch.max(1)) {
             let pairs: Vec<&Pair> = chunk.iter().collect();
-            let (_, stats) = self.batch_loss(policy, &pairs, tokenizer, seq_len, None)?;
+            let (_, stats, _) = self.batch_loss(policy, &pairs, tokenizer, seq_len, None, false)?;
             parts.push((stats, pairs.len()));
         }
         Ok(DpoStats::mean(&parts))

@@ -189,14 +189,19 @@ impl Trainer {
         for _ in 0..accum {
             let picked = pref.next_indices(&mut sampler, t.batch_size);
             let pairs: Vec<&Pair> = picked.iter().map(|&i| &pref.train[i]).collect();
-            let (loss, stats) = pref.batch_loss(
+            let (loss, stats, pass) = pref.batch_loss(
                 &self.model,
                 &pairs,
                 &self.data.tokenizer,
                 t.seq_len,
                 rng.as_mut(),
+                t.gradient_checkpointing,
             )?;
-            let micro = loss.affine(1.0 / accum as f64, 0.0)?.backward()?;
+            // The loss goes into `backward` with no handle left here: it frees the head's
+            // activations before any recompute.
+            let objective = loss.affine(1.0 / accum as f64, 0.0)?;
+            drop(loss);
+            let micro = pass.backward(objective)?;
             for (slot, p) in grads.iter_mut().zip(&params) {
                 if let Some(g) = micro.get(p) {
                     *slot = Some(match slot.take() {

@@ -260,20 +260,25 @@ impl Trainer {
         for _ in 0..accum {
             let batch = self.sampler.next_batch(&self.data.train)?;
             let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)
-            let out = self.model.forward(&x, dropout.as_mut())?;
+            let mut pass =
+                self.model
+                    .forward_train(&x, dropout.as_mut(), t.gradient_checkpointing)?;
             let smoothing = t.label_smoothing;
-            let mut ce = kernels::loss::smoothed_cross_entropy(&out.logits, &y, smoothing)?;
+            let mut ce = kernels::loss::smoothed_cross_entropy(&pass.output.logits, &y, smoothing)?;
             if let Some(factor) = fault {
                 ce = ce.affine(factor, 0.0)?;
             }
-            // MoE load-balancing and z losses (already weighted) join the objective.
-            let total = match &out.aux_loss {
-                Some(aux) => (&ce + aux)?,
-                None => ce.clone(),
-            };
             loss_sum = (loss_sum + ce.detach())?;
+            // MoE load-balancing and z losses (already weighted) join the objective. No handle
+            // to it or the logits outlives `backward`, which frees them before recomputing.
+            let objective = match &pass.output.aux_loss {
+                Some(aux) => (ce + aux)?,
+                None => ce,
+            }
+            .affine(1.0 / accum as f64, 0.0)?;
+            moe_stats.append(&mut pass.output.moe);
             clock.mark("forward")?;
-            let micro_grads = total.affine(1.0 / accum as f64, 0.0)?.backward()?;
+            let micro_grads = pass.backward(objective)?;
             for (slot, p) in grads.iter_mut().zip(&params) {
                 if let Some(g) = micro_grads.get(p) {
                     *slot = Some(match slot.take() {
@@ -282,7 +287,6 @@ impl Trainer {
                     });
                 }
             }
-            moe_stats.extend(out.moe);
             clock.mark("backward")?;
         }
         let mut extra = BTreeMap::new();
@@ -354,7 +358,7 @@ impl Trainer {
         let mut sum = 0.0f64;
         for batch in &self.eval_batches {
             let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)
-            let out = self.model.forward(&x, None)?;
+            let out = self.model.forward_no_grad(&x)?;
             let ce = model::cross_entropy(&out.logits, &y)?;
             sum += f64::from(ce.to_scalar::<f32>()?);
         }
