@@ -65,6 +65,8 @@ pub struct ServerTarget {
 /// Writes every step's metrics to `metrics.jsonl` and forwards them to the server if any.
 pub struct Reporter {
     jsonl: File,
+    /// The text of the line being written, reused from step to step.
+    text: Vec<u8>,
     remote: Option<Remote>,
 }
 
@@ -102,19 +104,32 @@ impl Reporter {
             Some(target) => Some(Remote::spawn(target, dir.join("spool"))?),
             None => None,
         };
-        Ok(Reporter { jsonl, remote })
+        Ok(Reporter {
+            jsonl,
+            text: Vec::new(),
+            remote,
+        })
     }
 
     /// Records one step's metrics (non-finite values are skipped: the API refuses them).
     pub fn log(&mut self, line: &MetricsLine) -> Result<()> {
-        let mut line = line.clone();
-        line.metrics.retain(|_, v| v.is_finite());
-        let mut text = serde_json::to_string(&line)?;
-        text.push('\n');
+        // Called every step: the line is copied only when it has values to drop, and its text
+        // goes through one buffer kept across steps, written with one system call.
+        let filtered;
+        let line = if line.metrics.values().all(|v| v.is_finite()) {
+            line
+        } else {
+            let mut copy = line.clone();
+            copy.metrics.retain(|_, v| v.is_finite());
+            filtered = copy;
+            &filtered
+        };
+        self.text.clear();
+        serde_json::to_writer(&mut self.text, line)?;
+        self.text.push(b'\n');
         self.jsonl
-            .write_all(text.as_bytes())
+            .write_all(&self.text)
             .context("writing metrics.jsonl")?;
-        self.jsonl.flush().context("flushing metrics.jsonl")?;
         if let Some(remote) = &self.remote {
             // A dead reporter thread must not stop training: metrics.jsonl still has the data.
             let _ = remote.tx.send(Msg::Points(line.to_points()));

@@ -148,11 +148,11 @@ fn train(
     let mut status = RunStatus::Finished;
 
     while trainer.state().step < max_steps && !trainer.state().early_stopped {
-        let s = trainer.step()?;
+        let mut s = trainer.step()?;
         if !s.loss.is_finite() && s.guard.is_none() {
             anyhow::bail!("training diverged at step {}: loss is {}", s.step, s.loss);
         }
-        let mut metrics = step_metrics(&s);
+        let mut metrics = step_metrics(&mut s);
         if let Some(verdict) = s.guard {
             trainer.follow_guard(verdict, s.step, s.loss, out, &mut metrics)?;
         }
@@ -249,8 +249,10 @@ fn early_stopping_reason(st: &checkpoint::TrainState, patience: usize) -> String
     )
 }
 
-fn step_metrics(s: &StepStats) -> BTreeMap<String, f64> {
-    let mut m = BTreeMap::new();
+/// The step's metric line: the basics joined to the step's own extra metrics (moved, not
+/// copied).
+fn step_metrics(s: &mut StepStats) -> BTreeMap<String, f64> {
+    let mut m = std::mem::take(&mut s.extra);
     m.insert("train/loss".into(), f64::from(s.loss));
     m.insert("lr".into(), s.lr);
     m.insert("grad_norm".into(), f64::from(s.grad_norm));
@@ -258,7 +260,6 @@ fn step_metrics(s: &StepStats) -> BTreeMap<String, f64> {
         "perf/tokens_per_s".into(),
         s.tokens as f64 / s.seconds.max(1e-9),
     );
-    m.extend(s.extra.iter().map(|(k, v)| (k.clone(), *v)));
     m
 }
 
@@ -294,6 +295,11 @@ impl Progress {
     }
 
     fn update(&self, s: &StepStats, val: Option<f64>, log_every: usize) {
+        let print = prints_line(s.step, log_every, val.is_some());
+        // Most steps neither print nor draw: then the line is not even formatted.
+        if !print && self.bar.is_none() {
+            return;
+        }
         let val = val.map(|v| format!(" val {v:.4}")).unwrap_or_default();
         let line = format!(
             "step {} loss {:.4}{val} lr {:.2e} grad_norm {:.3} {:.0} tok/s",
@@ -303,7 +309,6 @@ impl Progress {
             s.grad_norm,
             s.tokens as f64 / s.seconds.max(1e-9)
         );
-        let print = prints_line(s.step, log_every, !val.is_empty());
         match &self.bar {
             Some(bar) => {
                 // Above the bar, so the scrollback keeps the loss history (a bar that cannot
