@@ -3,7 +3,8 @@
 // renders the same templates as the page); they are fetched again whenever the status badge
 // changes (run.js updates it from the live stream) and every 30 s while the run is running
 // (checkpoints appear as it saves), with the run's parameter count and, once it has finished,
-// its Hugging Face download. Resume forms post to the API instead of navigating, so the
+// its Hugging Face download; and when the instability guard records a skipped update or a
+// rollback (run.js announces its points). Resume forms post to the API instead of navigating, so the
 // charts and the log keep their stream and simply go on.
 import { runPath, sendJSON } from "./api.js";
 
@@ -12,7 +13,7 @@ const runId = root?.dataset.runId;
 const badge = document.getElementById("status-badge");
 const REFRESH_MS = 30_000;
 
-const PANELS = ["status-reason", "run-model", "checkpoints-panel", "history"];
+const PANELS = ["status-reason", "run-model", "checkpoints-panel", "history", "guard-panel"];
 
 async function refresh() {
   if (!runId) return;
@@ -29,6 +30,13 @@ async function refresh() {
   // A status change answers "Resuming…" (or an earlier refusal).
   for (const out of document.querySelectorAll("form[action$='/resume'] output")) out.textContent = "";
 }
+
+// A burst of guard points (one per skipped step) asks once.
+let guardTimer = null;
+document.addEventListener("trainyard:guard", () => {
+  if (guardTimer) return;
+  guardTimer = setTimeout(() => { guardTimer = null; refresh(); }, 500);
+});
 
 if (badge) {
   new MutationObserver(() => refresh()).observe(badge, { childList: true, characterData: true, subtree: true });

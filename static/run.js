@@ -161,6 +161,12 @@ function refreshLayout() {
 }
 feed.onUnknown = () => { refreshLayout(); };
 
+// The instability guard's points (trainer::wire::guard_keys) change its event panel, which
+// static/checkpoints.js fetches from the server like the other panels.
+for (const key of ["guard/skipped_steps", "guard/rollback_to"]) {
+  feed.on(key, () => document.dispatchEvent(new CustomEvent("trainyard:guard")));
+}
+
 /** The card headers' latest values follow the stream, as a reload would show them. */
 feed.onLatest = (key, step, value) => {
   for (const span of document.querySelectorAll(`[data-latest-of="${CSS.escape(key)}"]`)) {

@@ -12,6 +12,7 @@ mod support;
 
 mod charts;
 mod export;
+mod guide_options;
 mod mlflow;
 mod resume;
 mod sweeps;

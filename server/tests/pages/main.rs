@@ -13,6 +13,7 @@ mod support;
 mod assets;
 mod charts;
 mod compare;
+mod guard;
 mod launch;
 mod run;
 mod runs;

@@ -44,6 +44,7 @@ pub async fn panels(State(state): State<AppState>, Path(id): Path<String>) -> Pa
     let checkpoints = rows(&state, &id).await;
     let events = state.store.run_events(&id, None).await?;
     let history = super::run::history_rows(&events);
+    let guard_events = super::guard::guard_events(state.store.as_ref(), &id).await?;
     html(RunPanels {
         run: PanelRun {
             resumable: resumable(run.status, &checkpoints),
@@ -55,6 +56,7 @@ pub async fn panels(State(state): State<AppState>, Path(id): Path<String>) -> Pa
         },
         checkpoints,
         history,
+        guard_events,
     })
 }
 

@@ -10,6 +10,7 @@ pub mod checkpoints;
 pub mod chrome;
 pub mod columns;
 pub mod compare;
+pub mod guard;
 pub mod launch;
 pub mod run;
 pub mod runs;

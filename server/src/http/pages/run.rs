@@ -64,6 +64,7 @@ pub(super) async fn run_page(
     let events = state.store.run_events(&id, None).await?;
     let status_reason = status_reason(&events, run.status);
     let history = history_rows(&events);
+    let guard_events = super::guard::guard_events(state.store.as_ref(), &id).await?;
     let exit = run.exit.as_ref().and_then(|e| exit_view(e, run.status));
     let view = RunPage {
         nav: "runs",
@@ -89,6 +90,7 @@ pub(super) async fn run_page(
         charts,
         checkpoints,
         history,
+        guard_events,
         params: run.params.clone().into_iter().collect(),
         config_yaml,
         artifacts: crate::http::mlflow::list_files(&state, &run.id)

@@ -164,6 +164,7 @@ pub struct RunPanels {
     pub run: PanelRun,
     pub checkpoints: Vec<CheckpointRow>,
     pub history: Vec<HistoryRow>,
+    pub guard_events: Vec<super::guard::GuardEvent>,
 }
 
 pub struct PanelRun {
@@ -206,6 +207,8 @@ pub struct RunPage {
     pub heatmaps: Vec<HeatmapCard>,
     pub checkpoints: Vec<CheckpointRow>,
     pub history: Vec<HistoryRow>,
+    /// What the trainer's instability guard did, newest first.
+    pub guard_events: Vec<super::guard::GuardEvent>,
     pub params: Vec<(String, String)>,
     pub config_yaml: Option<String>,
     /// Files logged to the run (MLflow's `log_artifact`): (path, its link, size).

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 use std::collections::BTreeMap;
-use trainer::wire::moe_keys;
+use trainer::wire::{guard_keys, moe_keys, norm_keys};
 
 /// What a chart's x axis counts in step mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -70,10 +70,17 @@ pub struct ChartLayout {
 /// The chart a key belongs to, as (rank, group): keys sharing their last path segment share a
 /// chart (`train/loss` with `val/loss`); loss first, then learning rate, gradient norm,
 /// throughput, the rest, and system metrics last, one chart per key (their units differ).
-/// Expert-utilisation keys belong to heatmaps (`None`).
+/// Expert-utilisation keys belong to heatmaps and the guard's rollback targets to its event list
+/// (`None`). Per-layer norms share one card per family, the gradients' beside the global norm.
 fn group_of(key: &str) -> Option<(u8, String)> {
-    if moe_keys::parse_expert(key).is_some() {
+    if moe_keys::parse_expert(key).is_some() || key == guard_keys::ROLLBACK_TO {
         return None;
+    }
+    if key.starts_with(norm_keys::GRAD_PREFIX) {
+        return Some((2, "grad_norm_by_layer".to_string()));
+    }
+    if key.starts_with(norm_keys::PARAM_PREFIX) {
+        return Some((5, "param_norm_by_layer".to_string()));
     }
     // DPO's metrics, train and validation together: its loss beside the loss chart, the reward
     // accuracy, and the chosen and rejected rewards with their margin (one scale).
@@ -147,6 +154,10 @@ fn chart_title(group: &str) -> String {
         "loss" => "Loss".into(),
         "lr" => "Learning rate".into(),
         "grad_norm" => "Gradient norm".into(),
+        "grad_norm_by_layer" => "Gradient norm by layer".into(),
+        "param_norm_by_layer" => "Parameter norm by layer".into(),
+        "skipped_steps" => "Updates skipped by the instability guard".into(),
+        "lr_scale" => "Learning-rate factor after rollbacks".into(),
         "dpo_loss" => "DPO loss".into(),
         "reward_accuracy" => "DPO reward accuracy".into(),
         "rewards" => "DPO rewards (chosen, rejected, margin)".into(),
@@ -237,6 +248,42 @@ mod tests {
         assert_eq!(group_id("moe/layer0/expert1"), None);
         assert_eq!(after[0].title, "Loss", "the main loss chart comes first");
         assert!(after.iter().any(|g| g.keys == keys(&["moe/aux_loss"])));
+    }
+
+    #[test]
+    fn per_layer_norms_share_one_card_per_family_after_the_global_gradient_norm() {
+        let groups = chart_groups(&keys(&[
+            "train/loss",
+            "grad_norm",
+            "grad_norm/layer1",
+            "grad_norm/layer0",
+            "grad_norm/wte",
+            "param_norm/layer0",
+            "param_norm/wte",
+            "guard/skipped_steps",
+            "guard/rollback_to",
+        ]));
+        let titles: Vec<&str> = groups.iter().map(|g| g.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "Loss",
+                "Gradient norm",
+                "Gradient norm by layer",
+                "Parameter norm by layer",
+                "Updates skipped by the instability guard",
+            ]
+        );
+        assert_eq!(
+            groups[2].keys,
+            keys(&["grad_norm/layer0", "grad_norm/layer1", "grad_norm/wte"])
+        );
+        assert_eq!(
+            groups[3].keys,
+            keys(&["param_norm/layer0", "param_norm/wte"])
+        );
+        assert_eq!(group_id("grad_norm/layer7"), Some(groups[2].id.clone()));
+        assert_eq!(group_id("guard/rollback_to"), None, "listed as an event");
     }
 
     #[test]
