@@ -294,5 +294,8 @@ fn gradients_match_finite_differences_for_mamba2_blocks_conv_and_gated_norm_incl
 fn mamba2_gradients_match_finite_differences_on_the_primitive_op_paths_too() {
     let _primitives = kernels::primitives_only();
     let names = gradcheck(&hybrid(), None).unwrap();
-    assert_covers(&names, &["h.0.mamba.ln_out.weight", "h.0.mamba.conv1d.weight"]);
+    assert_covers(
+        &names,
+        &["h.0.mamba.ln_out.weight", "h.0.mamba.conv1d.weight"],
+    );
 }

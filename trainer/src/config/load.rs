@@ -15,8 +15,14 @@ pub const PROFILES: &[(&str, &str)] = &[
     ("large", include_str!("../../../configs/large.yaml")),
     ("tiny-moe", include_str!("../../../configs/tiny-moe.yaml")),
     ("small-moe", include_str!("../../../configs/small-moe.yaml")),
-    ("tiny-hybrid", include_str!("../../../configs/tiny-hybrid.yaml")),
-    ("small-hybrid", include_str!("../../../configs/small-hybrid.yaml")),
+    (
+        "tiny-hybrid",
+        include_str!("../../../configs/tiny-hybrid.yaml"),
+    ),
+    (
+        "small-hybrid",
+        include_str!("../../../configs/small-hybrid.yaml"),
+    ),
 ];
 
 impl Config {

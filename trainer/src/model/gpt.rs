@@ -161,7 +161,7 @@ impl Gpt {
         };
         let mut per_token = 0.0; // active matmul weights
         let mut mixing = 0.0; // training FLOPs that are not weight matmuls
-        // A config that fails validation never trains, so it needs no count.
+                              // A config that fails validation never trains, so it needs no count.
         for block in cfg.blocks().unwrap_or_default() {
             match block.mixer {
                 Some(MixerKind::Attention) => {

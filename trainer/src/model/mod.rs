@@ -26,9 +26,9 @@ use serde::{Deserialize, Serialize};
 /// The training objective: mean next-token cross-entropy of (B, T, V) logits.
 pub use crate::kernels::cross_entropy;
 pub use attention::CausalSelfAttention;
-pub use embedding::Embedding;
 pub use block::{Block, MixerCache};
 pub use decode::DecodeState;
+pub use embedding::Embedding;
 pub use gpt::Gpt;
 pub use init::{init_weights, is_decayed, num_params};
 pub use linear::Linear;
