@@ -15,7 +15,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use trainer::config::{Config, Precision};
-use trainer::kernels::{self, autocast, CausalAttention, CudaKernel};
+use trainer::kernels::{self, autocast, CausalAttention, CudaKernel, Rope};
 use trainer::optim::{self, clip::clip_grad_norm_on_device, Param};
 use trainer::train::Trainer;
 
@@ -139,9 +139,11 @@ fn bf16_attention_with_the_softmax_kernel_matches_the_autocast_primitives() {
     // Under bf16 autocast the kernel path keeps scores and probabilities in bf16; the primitive
     // path casts them to f32 for the softmax. Both round the products to bf16, so they agree to
     // bf16's precision.
+    // With rotary positions, which the one-node attention kernel leaves to this path.
     let dev = gpu();
     let (b, t, d, heads) = (2usize, 256usize, 128usize, 4usize);
-    let attn = CausalAttention::new(heads, t, None, &dev, DType::F32).unwrap();
+    let rope = Rope::new(10_000.0, d / heads, t, &dev, DType::F32).unwrap();
+    let attn = CausalAttention::new(heads, t, Some(rope), &dev, DType::F32).unwrap();
     let qkv = values(&[b, t, 3 * d], 0.7, &dev)
         .unwrap()
         .affine(0.5, 0.0)
@@ -155,6 +157,68 @@ fn bf16_attention_with_the_softmax_kernel_matches_the_autocast_primitives() {
             attn.forward(&a[0], None::<fn(&Tensor) -> Result<Tensor>>)
         },
         3e-2,
+    );
+}
+
+#[test]
+fn the_bf16_attention_kernel_matches_the_autocast_primitives() {
+    // The one-node attention against the primitive path under the same autocast scope: both
+    // multiply bf16 q, k, v with f32 accumulation and take the softmax in f32; the primitive
+    // path rounds scores, probabilities and outputs differently, so they agree to bf16's
+    // precision. A wrong head offset, stride or transpose puts values in the wrong place.
+    let dev = gpu();
+    for (b, t, heads, hd) in [(2usize, 256usize, 4usize, 32usize), (3, 100, 3, 16)] {
+        let d = heads * hd;
+        let attn = CausalAttention::new(heads, t, None, &dev, DType::F32).unwrap();
+        let qkv = values(&[b, t, 3 * d], 0.4, &dev)
+            .unwrap()
+            .affine(0.5, 0.0)
+            .unwrap();
+        check_against_primitives(
+            "bf16 attention kernel",
+            CudaKernel::Attention,
+            &[qkv],
+            |a| {
+                let _bf16 = autocast::autocast(Precision::Bf16);
+                attn.forward(&a[0], None::<fn(&Tensor) -> Result<Tensor>>)
+            },
+            3e-2,
+        );
+    }
+}
+
+#[test]
+fn the_bf16_linear_kernel_matches_the_autocast_primitives() {
+    // Both multiply bf16 casts of x and W with f32 accumulation; the primitive path rounds the
+    // product (and dx, dW) to bf16 before casting back, the kernel writes f32, so they agree to
+    // bf16's precision. Odd sizes catch a transposed operand or a wrong leading dimension.
+    let dev = gpu();
+    let (n, d_in, d_out) = (300usize, 200usize, 96usize);
+    let x = values(&[n, d_in], 0.3, &dev).unwrap();
+    let w = values(&[d_out, d_in], 0.9, &dev)
+        .unwrap()
+        .affine(0.05, 0.0)
+        .unwrap();
+    let b = values(&[d_out], 1.3, &dev).unwrap();
+    check_against_primitives(
+        "bf16 linear with bias",
+        CudaKernel::Linear,
+        &[x.clone(), w.clone(), b],
+        |t| {
+            let _bf16 = autocast::autocast(Precision::Bf16);
+            kernels::linear(&t[0], &t[1], Some(&t[2]))
+        },
+        1e-2,
+    );
+    check_against_primitives(
+        "bf16 linear without bias",
+        CudaKernel::Linear,
+        &[x.reshape((3, 100, d_in)).unwrap(), w],
+        |t| {
+            let _bf16 = autocast::autocast(Precision::Bf16);
+            kernels::linear(&t[0], &t[1], None)
+        },
+        1e-2,
     );
 }
 

@@ -13,11 +13,19 @@ use super::bias::{add_bias, sum_rows};
 use super::gemm::{gemm_into, View};
 use super::parallel::{for_each_block, SharedMut};
 use super::real::{float_kernel, Real};
+use super::CudaKernel;
 
 /// x (.., in) · weight (out, in)ᵀ [+ bias (out,)] → (.., out), as one (N, in) product over the
-/// flattened leading dims. Fused on CPU in f32 and f64; inside a reduced-precision autocast
-/// scope, or on other devices, a matmul in the scope's precision plus `add_bias`.
+/// flattened leading dims. Fused on CPU in f32 and f64; under bf16 autocast on a GPU, one cuBLAS
+/// product from bf16 casts into an f32 output holding the bias (`cuda::linear`); elsewhere a
+/// matmul in the scope's precision plus `add_bias`.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    if super::autocast::is_active() && super::use_cuda_kernel(x, CudaKernel::Linear) {
+        // bf16 is the only reduced precision autocast has. The op takes the leading dims as
+        // they are: every reshape here would be one more graph node, and candle's backward
+        // zero-fills and adds a whole gradient buffer for each.
+        return bf16_linear_on_gpu(x, weight, bias); // (.., out)
+    }
     let mut shape = x.dims().to_vec();
     let in_dim = shape.pop().unwrap_or(1);
     shape.push(weight.dim(0)?);
@@ -32,6 +40,16 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
         }
     };
     y.reshape(shape) // (.., out)
+}
+
+#[cfg(feature = "cuda")]
+fn bf16_linear_on_gpu(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    super::cuda::linear::bf16_linear(x, weight, bias)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bf16_linear_on_gpu(_: &Tensor, _: &Tensor, _: Option<&Tensor>) -> Result<Tensor> {
+    bail!("linear: this build has no CUDA kernels") // `use_cuda_kernel` is false without them
 }
 
 /// The fused CPU path of `linear` for x (N, in): fused forward and backward.

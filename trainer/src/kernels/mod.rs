@@ -1,7 +1,8 @@
 //! The tensor ops the model is built from, each one function (or, for attention, one type) that
 //! picks its own implementation: a fused CPU kernel with its own backward pass for f32 and f64
 //! tensors on the CPU, a fused CUDA kernel for f32 tensors on a GPU where `cuda` has one
-//! (LayerNorm, GELU, causal softmax, cross-entropy; built with the `cuda` feature), and the same
+//! (LayerNorm, GELU, causal softmax, cross-entropy, and the linear layer and causal attention
+//! under bf16 autocast; built with the `cuda` feature), and the same
 //! math from candle's differentiable primitives everywhere else. The model calls the op and
 //! never chooses.
 //!
@@ -98,9 +99,11 @@ pub enum CudaKernel {
     AdamW,
     Clip,
     Rows,
+    Linear,
+    Attention,
 }
 
-const CUDA_KERNEL_NAMES: [(&str, CudaKernel); 7] = [
+const CUDA_KERNEL_NAMES: [(&str, CudaKernel); 9] = [
     ("gelu", CudaKernel::Gelu),
     ("cross_entropy", CudaKernel::CrossEntropy),
     ("softmax", CudaKernel::Softmax),
@@ -108,6 +111,8 @@ const CUDA_KERNEL_NAMES: [(&str, CudaKernel); 7] = [
     ("adamw", CudaKernel::AdamW),
     ("clip", CudaKernel::Clip),
     ("rows", CudaKernel::Rows),
+    ("linear", CudaKernel::Linear),
+    ("attention", CudaKernel::Attention),
 ];
 
 /// Whether `x` takes `kernel`'s CUDA kernel: an f32 tensor on a GPU, in a build with the `cuda`
@@ -122,7 +127,7 @@ pub fn use_cuda_kernel(x: &Tensor, kernel: CudaKernel) -> bool {
 }
 
 /// `TRAINYARD_CUDA_KERNELS`, read once: `all` (the default), `none`, or a comma list of
-/// `gelu`, `cross_entropy`, `softmax`, `layer_norm`, `adamw`, `clip`, `rows`. The kernels left out take
+/// `gelu`, `cross_entropy`, `softmax`, `layer_norm`, `adamw`, `clip`, `rows`, `linear`, `attention`. The kernels left out take
 /// candle's primitive ops, so each kernel's effect can be measured with one build.
 pub fn cuda_kernel_enabled(kernel: CudaKernel) -> bool {
     static ON: OnceLock<Vec<CudaKernel>> = OnceLock::new();
@@ -158,8 +163,8 @@ mod tests {
 
     #[test]
     fn the_cuda_kernel_list_reads_all_none_and_names() {
-        assert_eq!(parse_cuda_kernels("").len(), 7);
-        assert_eq!(parse_cuda_kernels("all").len(), 7);
+        assert_eq!(parse_cuda_kernels("").len(), 9);
+        assert_eq!(parse_cuda_kernels("all").len(), 9);
         assert!(parse_cuda_kernels("none").is_empty());
         assert_eq!(
             parse_cuda_kernels("gelu, adamw,bogus"),

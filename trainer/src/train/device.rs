@@ -7,12 +7,15 @@ use crate::config::DeviceSpec;
 
 /// Resolves `training.device`: `auto` takes the first GPU when built with CUDA and one is
 /// present, else the CPU; `cuda[:N]` in a CPU-only build is an error naming the feature.
-/// A GPU's freed memory stays pooled for reuse (see `kernels::cuda::keep_freed_memory`).
+/// A GPU's freed memory stays pooled for reuse (see `kernels::cuda::keep_freed_memory`), and its
+/// buffers carry no cross-stream events (`kernels::cuda::skip_stream_events`).
 pub fn resolve_device(spec: &str) -> Result<Device> {
     let dev = open_device(spec)?;
     #[cfg(feature = "cuda")]
     crate::kernels::cuda::keep_freed_memory(&dev)
         .map_err(|e| anyhow::anyhow!("training.device: configuring `{spec}`'s memory pool: {e}"))?;
+    #[cfg(feature = "cuda")]
+    crate::kernels::cuda::skip_stream_events(&dev);
     Ok(dev)
 }
 

@@ -3,7 +3,8 @@
 //! k when configured.
 //!
 //! On CPU in f32 and f64 it is one fused op (`fused.rs`) from the packed (B, T, 3·D) input to the
-//! head-merged (B, T, D) output. Elsewhere, and when the attention probabilities get dropout
+//! head-merged (B, T, D) output; on a GPU under bf16 autocast (without rotary positions) one
+//! CUDA op does the same (`kernels::cuda::attention`). Elsewhere, and when the attention probabilities get dropout
 //! (the fused op keeps them inside), the reference path below does the same from primitives,
 //! its matmuls in the autocast scope's precision.
 
@@ -120,6 +121,14 @@ impl CausalAttention {
             let tables = self.rope.as_ref().map(|r| r.tables.clone());
             return fused_causal_attention(qkv, h, scale, tables); // (B, T, D)
         }
+        if probs_dropout.is_none()
+            && self.rope.is_none()
+            && autocast::is_active()
+            && super::use_cuda_kernel(qkv, super::CudaKernel::Attention)
+        {
+            // One graph node on the GPU, products in bf16 (see `cuda::attention`).
+            return bf16_attention_on_gpu(qkv, h, scale); // (B, T, D)
+        }
         // One copy puts q, k, v head-major: (3, B, H, T, hd).
         let qkv = qkv
             .reshape((b, t, 3, h, hd))?
@@ -159,4 +168,14 @@ impl CausalAttention {
             .transpose(1, 2)?
             .reshape((b, t, d)) // (B, T, D)
     }
+}
+
+#[cfg(feature = "cuda")]
+fn bf16_attention_on_gpu(qkv: &Tensor, heads: usize, scale: f64) -> Result<Tensor> {
+    super::cuda::attention::bf16_causal_attention(qkv, heads, scale)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bf16_attention_on_gpu(_: &Tensor, _: usize, _: f64) -> Result<Tensor> {
+    candle_core::bail!("attention: this build has no CUDA kernels") // never taken without them
 }

@@ -315,3 +315,39 @@ extern "C" __global__ void ty_scatter_add_rows_f32(const float* src, const uint3
         if (r < rows) atomicAdd(out + r * d + i % d, src[i]);
     }
 }
+
+// ---- Helpers of the bf16 linear layer (kernels/cuda/linear.rs) ----
+
+// y = bf16(x), rounded to nearest even (as candle's cast).
+extern "C" __global__ void ty_cast_f32_bf16(const float* x, __nv_bfloat16* y, u64 n) {
+    GRID_STRIDE(i, n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+// y (rows, cols) = the bias b (cols,) on every row: the GEMM then accumulates onto it.
+extern "C" __global__ void ty_fill_rows_f32(const float* b, float* y, u64 rows, u64 cols) {
+    GRID_STRIDE(i, rows * cols) y[i] = b[i % cols];
+}
+
+// y = v everywhere.
+extern "C" __global__ void ty_fill_f32(float* y, float v, u64 n) {
+    GRID_STRIDE(i, n) y[i] = v;
+}
+
+// ---- Helper of the bf16 attention (kernels/cuda/attention.rs) ----
+
+// src (B, T, S, H, hd) f32 → dst (S, B, H, T, hd) bf16: the packed q/k/v (S = 3) or an output
+// gradient (S = 1) split into per-head row blocks for the batched products, cast on the way.
+extern "C" __global__ void ty_split_heads_bf16(const float* src, __nv_bfloat16* dst, u64 B, u64 T,
+                                               u64 S, u64 H, u64 hd) {
+    GRID_STRIDE(i, S * B * H * T * hd) {
+        u64 r = i / hd;
+        const u64 e = i - r * hd;
+        const u64 t = r % T;
+        r /= T;
+        const u64 h = r % H;
+        r /= H;
+        const u64 b = r % B;
+        const u64 s = r / B;
+        dst[i] = __float2bfloat16_rn(src[(((b * T + t) * S + s) * H + h) * hd + e]);
+    }
+}

@@ -1,6 +1,7 @@
 //! The CUDA side of the fused ops: launches the kernels of `kernels.cu` (compiled to PTX by
 //! `build.rs`, loaded once per device) for the ops' `cuda_fwd`, and the optimizer's in-place
-//! AdamW and gradient-norm kernels. Every entry point takes contiguous f32 storage (the ops make
+//! AdamW and gradient-norm kernels, and (`linear`) the bf16 linear layer on cuBLAS. Every entry
+//! point takes contiguous f32 storage (the ops make
 //! their inputs contiguous; [`super::use_cuda_kernel`] routes only f32 here, and says which
 //! kernels `TRAINYARD_CUDA_KERNELS` switches on).
 
@@ -43,6 +44,23 @@ pub fn keep_freed_memory(dev: &Device) -> Result<()> {
         .w()?;
     }
     Ok(())
+}
+
+/// Stops cudarc from creating two CUDA events with every buffer it allocates (and destroying
+/// them when the buffer is freed). The events order a buffer's uses across streams; the trainer
+/// issues all its work on the device's one stream, where cudarc never records them, so they are
+/// only host time on each of the thousands of allocations of a step. Buffers allocated before
+/// the call keep theirs. `TRAINYARD_CUDA_EVENTS=1` keeps them (for measuring the difference).
+pub fn skip_stream_events(dev: &Device) {
+    let Device::Cuda(cuda) = dev else {
+        return;
+    };
+    if std::env::var("TRAINYARD_CUDA_EVENTS").is_ok_and(|v| v == "1") {
+        return;
+    }
+    // SAFETY: cudarc's events only synchronise one buffer's uses on several streams; every
+    // kernel, copy and free of the trainer goes to this device's single stream, in order.
+    unsafe { cuda.disable_event_tracking() }
 }
 
 /// The most memory the device's pool has had in use since the program started, in bytes
@@ -554,3 +572,8 @@ pub fn norm_and_clip_scale(grads: &[&Tensor], max_norm: f64) -> Result<Tensor> {
         false,
     ))
 }
+
+/// Declared after `launch!` so the modules can use it.
+pub mod attention;
+mod gemm;
+pub mod linear;
