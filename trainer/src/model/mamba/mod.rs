@@ -221,18 +221,17 @@ pub fn flops_per_token(cfg: &ModelConfig, seq_len: usize) -> (f64, f64) {
     (weights, 3.0 * forward)
 }
 
-/// Initial values of the Mamba-2 parameters that are not plain matmul weights, as the
-/// reference implementation draws them: A uniform in [1, 16] (stored as A_log = ln A), dt
-/// log-uniform in [0.001, 0.1] stored through the inverse softplus in dt_bias, D = 1, and the
+/// Initial values of the Mamba-2 parameters that are not plain matmul weights: A log-uniform in
+/// [1, 16] (A_log = ln A uniform in [0, ln 16], so every decay time scale from 1 to 16 steps is
+/// equally likely per octave), dt log-uniform in [0.001, 0.1] stored through the inverse
+/// softplus in dt_bias, D = 1, and the
 /// convolution taps uniform in ±1/√d_conv (PyTorch's default for a depthwise Conv1d). None for
 /// every other name. `shape` is the variable's.
 pub fn init_value(name: &str, shape: &[usize], rng: &mut impl Rng) -> Option<Vec<f64>> {
     let n: usize = shape.iter().product();
     let (_, leaf) = name.rsplit_once(".mamba.")?;
     let values = match leaf {
-        "A_log" => (0..n)
-            .map(|_| (1.0 + 15.0 * rng.random::<f64>()).ln())
-            .collect(),
+        "A_log" => (0..n).map(|_| 16f64.ln() * rng.random::<f64>()).collect(),
         "dt_bias" => (0..n)
             .map(|_| {
                 let (lo, hi) = (0.001f64.ln(), 0.1f64.ln());
