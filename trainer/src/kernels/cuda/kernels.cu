@@ -244,6 +244,80 @@ extern "C" __global__ void ty_layer_norm_bwd_f32(const float* x, const float* w,
     }
 }
 
+// The same backward with one warp per row, for C <= 32 * LN_WARP_MAX_COLS: a lane keeps its
+// columns' x in registers and the row's sums are warp shuffles, so a row costs no block-wide
+// barrier (the block version above takes four per row and was the slowest LayerNorm pass in a
+// GPT-2-sized step). Warp w of a block takes rows r0 + w, r0 + w + LN_WARPS, ...; the warps'
+// column sums are added in warp order in shared memory, then written as the block's partials.
+#define LN_WARPS 8
+#define LN_WARP_MAX_COLS 32
+extern "C" __global__ void ty_layer_norm_bwd_warp_f32(const float* x, const float* w, const float* g,
+                                                      float* dx, float* partial, u64 rows, u64 c,
+                                                      u64 rows_per_block, float eps) {
+    __shared__ float sums[2 * 32 * LN_WARP_MAX_COLS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float dw[LN_WARP_MAX_COLS], db[LN_WARP_MAX_COLS], xv[LN_WARP_MAX_COLS];
+#pragma unroll
+    for (int k = 0; k < LN_WARP_MAX_COLS; ++k) dw[k] = db[k] = 0.0f;
+    const u64 r0 = (u64)blockIdx.x * rows_per_block;
+    const u64 r1 = min(rows, r0 + rows_per_block);
+    for (u64 r = r0 + warp; r < r1; r += LN_WARPS) {
+        const float* xr = x + r * c;
+        const float* gr = g + r * c;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < LN_WARP_MAX_COLS; ++k) {
+            const u64 j = lane + 32 * k;
+            xv[k] = j < c ? xr[j] : 0.0f;
+            s += xv[k];
+        }
+        const float mean = warp_sum(s) / (float)c;
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < LN_WARP_MAX_COLS; ++k) {
+            const float d = lane + 32 * k < c ? xv[k] - mean : 0.0f;
+            q += d * d;
+        }
+        const float rstd = 1.0f / sqrtf(warp_sum(q) / (float)c + eps);
+        float sgh = 0.0f, sghx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < LN_WARP_MAX_COLS; ++k) {
+            const u64 j = lane + 32 * k;
+            if (j < c) {
+                const float xh = (xv[k] - mean) * rstd, gh = gr[j] * w[j];
+                sgh += gh;
+                sghx += gh * xh;
+            }
+        }
+        const float mgh = warp_sum(sgh) / (float)c, mghx = warp_sum(sghx) / (float)c;
+#pragma unroll
+        for (int k = 0; k < LN_WARP_MAX_COLS; ++k) {
+            const u64 j = lane + 32 * k;
+            if (j < c) {
+                const float xh = (xv[k] - mean) * rstd, gj = gr[j];
+                dx[r * c + j] = rstd * (gj * w[j] - mgh - xh * mghx);
+                dw[k] += gj * xh;
+                db[k] += gj;
+            }
+        }
+    }
+    for (int v = 0; v < LN_WARPS; ++v) {
+        if (warp == v) {
+#pragma unroll
+            for (int k = 0; k < LN_WARP_MAX_COLS; ++k) {
+                const u64 j = lane + 32 * k;
+                if (j < c) {
+                    sums[j] = v == 0 ? dw[k] : sums[j] + dw[k];
+                    sums[c + j] = v == 0 ? db[k] : sums[c + j] + db[k];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float* p = partial + (u64)blockIdx.x * 2 * c;
+    for (u64 j = threadIdx.x; j < 2 * c; j += blockDim.x) p[j] = sums[j];
+}
+
 // out[j] = sum over blocks of partial[block][j], j < 2C, blocks in order (deterministic).
 extern "C" __global__ void ty_column_sums_f32(const float* partial, float* out, u64 blocks, u64 width) {
     GRID_STRIDE(j, width) {

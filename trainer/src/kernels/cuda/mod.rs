@@ -344,6 +344,10 @@ pub fn layer_norm(
 
 /// Columns one thread of the LayerNorm backward owns (`LN_MAX_COLS_PER_THREAD` in kernels.cu).
 const LN_MAX_COLS_PER_THREAD: usize = 16;
+/// Warps per block and columns per lane of the one-warp-per-row LayerNorm backward
+/// (`LN_WARPS`, `LN_WARP_MAX_COLS` in kernels.cu).
+const LN_WARPS: usize = 8;
+const LN_WARP_MAX_COLS: usize = 32;
 /// Rows per block of the LayerNorm backward: enough blocks to fill an H100 at 8 × 1024 rows,
 /// few enough partial column sums to add afterwards.
 const LN_ROWS_PER_BLOCK: usize = 32;
@@ -358,10 +362,15 @@ pub fn layer_norm_backward(
 ) -> Result<(CudaStorage, Shape)> {
     let dev = s1.device();
     let (n, c) = l1.shape().dims2()?;
-    let threads = c
-        .div_ceil(LN_MAX_COLS_PER_THREAD)
-        .next_multiple_of(32)
-        .clamp(128, 1024);
+    // One warp per row where a lane can hold its columns in registers (`..._warp_f32`).
+    let by_warps = c <= 32 * LN_WARP_MAX_COLS;
+    let threads = if by_warps {
+        32 * LN_WARPS
+    } else {
+        c.div_ceil(LN_MAX_COLS_PER_THREAD)
+            .next_multiple_of(32)
+            .clamp(128, 1024)
+    };
     if c > threads * LN_MAX_COLS_PER_THREAD {
         bail!("layer-norm-backward: {c} columns is more than the CUDA kernel handles");
     }
@@ -378,9 +387,14 @@ pub fn layer_norm_backward(
     };
     let (rows, cols, per_block) = (n as u64, c as u64, LN_ROWS_PER_BLOCK as u64);
     let (dx, sums) = (out.slice(0..n * c), out.slice(n * c..(n + 2) * c));
+    let kernel = if by_warps {
+        "ty_layer_norm_bwd_warp_f32"
+    } else {
+        "ty_layer_norm_bwd_f32"
+    };
     launch!(
         dev,
-        "ty_layer_norm_bwd_f32",
+        kernel,
         cfg,
         &x,
         &w,
