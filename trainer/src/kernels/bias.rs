@@ -7,7 +7,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::parallel::for_each_chunk;
+use super::parallel::filled_by_chunks;
 use super::real::{float_kernel, Real};
 
 /// x (N, C) + bias (C,); on CPU in f32 and f64 with the row-wise bias gradient, elsewhere
@@ -90,9 +90,8 @@ fn column_sums<T: Real>(g: &[T], c: usize) -> Result<Vec<T>> {
     // Column blocks in parallel; each sums its columns over all rows, in row order.
     const BLOCK_COLS: usize = 64;
     let rows = g.len() / c.max(1);
-    let mut acc = vec![T::zero(); c];
     let work = c.div_ceil(BLOCK_COLS) * BLOCK_COLS * rows;
-    for_each_chunk(&mut acc, BLOCK_COLS, work, |blk, out| {
+    let acc = filled_by_chunks(c, BLOCK_COLS, work, |blk, out| {
         let (c0, c1) = (blk * BLOCK_COLS, blk * BLOCK_COLS + out.len());
         for row in g.chunks(c) {
             for (a, &v) in out.iter_mut().zip(&row[c0..c1]) {

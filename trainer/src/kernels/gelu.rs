@@ -6,7 +6,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::parallel::for_each_row;
+use super::parallel::filled_by_rows;
 use super::real::{float_kernel, same_shape, Real};
 
 /// tanh-GELU, element-wise; fused on CPU in f32 and f64 and on CUDA in f32, candle's `gelu`
@@ -29,12 +29,10 @@ pub fn fused_gelu_tanh(x: &Tensor) -> Result<Tensor> {
 struct GeluTanh;
 
 fn gelu_rows<T: Real>(x: &[T]) -> Result<Vec<T>> {
-    let mut out = vec![T::zero(); x.len()];
     let cols = 1024.min(x.len().max(1));
-    for_each_row(&mut out, cols, |r, y| {
+    filled_by_rows(x.len(), cols, |r, y| {
         T::gelu_slice(&x[r * cols..r * cols + y.len()], y);
-    })?;
-    Ok(out)
+    })
 }
 
 impl CustomOp1 for GeluTanh {
@@ -67,13 +65,11 @@ impl CustomOp1 for GeluTanh {
 struct GeluBackward;
 
 fn gelu_backward_rows<T: Real>(x: &[T], g: &[T]) -> Result<Vec<T>> {
-    let mut out = vec![T::zero(); x.len()];
     let cols = 1024.min(x.len().max(1));
-    for_each_row(&mut out, cols, |r, dx| {
+    filled_by_rows(x.len(), cols, |r, dx| {
         let start = r * cols;
         T::gelu_backward_slice(&x[start..start + dx.len()], &g[start..start + dx.len()], dx);
-    })?;
-    Ok(out)
+    })
 }
 
 impl CustomOp2 for GeluBackward {

@@ -55,8 +55,44 @@ pub(crate) fn gemm_into<T: Real>(
     beta: T,
     accumulate: bool,
 ) -> Result<()> {
+    gemm_bias_into(
+        (m, n, k),
+        dst,
+        dst_len,
+        dv,
+        lhs,
+        lv,
+        rhs,
+        rv,
+        beta,
+        accumulate,
+        None,
+    )
+}
+
+/// `gemm_into` that, when not accumulating, starts every row of dst from `bias` (n values):
+/// dst ← bias + beta · lhs · rhs. Without `accumulate`, dst is only written, never read, so it
+/// may be fresh memory.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_bias_into<T: Real>(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut T,
+    dst_len: usize,
+    dv: View,
+    lhs: &[T],
+    lv: View,
+    rhs: &[T],
+    rv: View,
+    beta: T,
+    accumulate: bool,
+    bias: Option<&[T]>,
+) -> Result<()> {
     if dv.last(m, n) >= dst_len || lv.last(m, k) >= lhs.len() || rv.last(k, n) >= rhs.len() {
         bail!("gemm: view out of bounds");
+    }
+    let bias = if accumulate { None } else { bias };
+    if bias.is_some_and(|b| b.len() != n) {
+        bail!("gemm: bias of the wrong length");
     }
     #[cfg(target_arch = "x86_64")]
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
@@ -82,9 +118,22 @@ pub(crate) fn gemm_into<T: Real>(
                 dv.rs,
                 beta.to_f64() as f32,
                 accumulate,
+                bias.map_or(std::ptr::null(), |b| b.as_ptr() as *const f32),
             );
         }
         return Ok(());
+    }
+    let mut accumulate = accumulate;
+    if let Some(b) = bias {
+        for i in 0..m {
+            // SAFETY: row i of the dst view lies inside dst (checked above); `b` has n values.
+            unsafe {
+                for (j, &v) in b.iter().enumerate() {
+                    dst.add(dv.off + i * dv.rs + j * dv.cs).write(v);
+                }
+            }
+        }
+        accumulate = true;
     }
     // SAFETY: all three views were checked to lie inside their buffers; `dst` is valid for
     // `dst_len` elements and the region written is this caller's alone

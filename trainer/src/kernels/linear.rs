@@ -10,7 +10,7 @@
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::bias::{add_bias, sum_rows};
-use super::gemm::{gemm_into, View};
+use super::gemm::{gemm_bias_into, View};
 use super::parallel::{for_each_block, SharedMut};
 use super::real::{float_kernel, Real};
 use super::CudaKernel;
@@ -73,21 +73,21 @@ fn product_by_row_blocks<T: Real>(
     rv: View,
     bias: Option<&[T]>,
 ) -> Result<Vec<T>> {
-    let mut out = vec![T::zero(); rows * cols];
-    let len = out.len();
+    // Not zeroed: every block writes all of its rows (the GEMM overwrites when there is no
+    // bias), and only through raw pointers, before `set_len` below.
+    let len = rows * cols;
+    let mut out = Vec::<T>::with_capacity(len);
     let ptr = SharedMut(out.as_mut_ptr());
     let threads = candle_core::utils::get_num_threads().max(1);
     let blocks = threads.min(rows / 16).max(1);
     for_each_block(blocks, blocks * (rows / blocks) * cols * k, |i| {
         let (r0, r1) = (i * rows / blocks, (i + 1) * rows / blocks);
-        if let Some(b) = bias {
-            for r in r0..r1 {
-                // SAFETY: rows r0..r1 of the output belong to this block alone.
-                let row = unsafe { std::slice::from_raw_parts_mut(ptr.ptr().add(r * cols), cols) };
-                row.copy_from_slice(b);
-            }
+        if bias.is_none() && k == 0 {
+            // An empty product is zero (and the `gemm` crate writes nothing for it).
+            // SAFETY: rows r0..r1 of the output belong to this block alone.
+            unsafe { std::ptr::write_bytes(ptr.ptr().add(r0 * cols), 0, (r1 - r0) * cols) };
         }
-        gemm_into(
+        gemm_bias_into(
             (r1 - r0, cols, k),
             ptr.ptr(),
             len,
@@ -97,9 +97,12 @@ fn product_by_row_blocks<T: Real>(
             rhs,
             rv,
             T::one(),
-            bias.is_some(),
+            false,
+            bias,
         )
     })?;
+    // SAFETY: the blocks cover rows 0..rows, and each wrote all `cols` values of its rows.
+    unsafe { out.set_len(len) };
     Ok(out)
 }
 

@@ -14,7 +14,7 @@ use candle_core::{
     bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
 };
 
-use super::parallel::for_each_chunk;
+use super::parallel::filled_by_chunks;
 use super::real::{float_kernel, slice, Real};
 
 /// Mean next-token cross-entropy. `logits` (.., V) float, `targets` (..) u32 with the same
@@ -124,9 +124,8 @@ fn ce_rows<T: Real>(x: &[T], targets: &[u32], v: usize, smoothing: f64) -> Resul
     let keep = T::from_f64(1.0 - smoothing);
     let spread = T::from_f64(smoothing);
     let inv_v = T::from_f64(1.0 / v as f64);
-    let mut out = vec![T::zero(); n];
     let work = n.div_ceil(BLOCK_ROWS) * BLOCK_ROWS * v;
-    for_each_chunk(&mut out, BLOCK_ROWS, work, |blk, losses| {
+    let out = filled_by_chunks(n, BLOCK_ROWS, work, |blk, losses| {
         let mut scratch = vec![T::zero(); v];
         for (i, loss) in losses.iter_mut().enumerate() {
             let r = blk * BLOCK_ROWS + i;
@@ -216,9 +215,8 @@ fn ce_backward_rows<T: Real>(
     let n = targets.len();
     let keep = T::from_f64(1.0 - smoothing);
     let spread = T::from_f64(smoothing / v as f64);
-    let mut out = vec![T::zero(); x.len()];
     let work = n.div_ceil(BLOCK_ROWS) * BLOCK_ROWS * v;
-    for_each_chunk(&mut out, BLOCK_ROWS * v, work, |blk, rows| {
+    let out = filled_by_chunks(x.len(), BLOCK_ROWS * v, work, |blk, rows| {
         for (i, d) in rows.chunks_mut(v).enumerate() {
             let r = blk * BLOCK_ROWS + i;
             let t = check_target(targets[r], v)?;

@@ -7,7 +7,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
-use super::parallel::{for_each_block, for_each_row, SharedMut};
+use super::parallel::{filled_by_rows, for_each_block, zeros, SharedMut};
 use super::real::{float_kernel, Real};
 
 /// (x − mean) / √(var + eps) · weight [+ bias] over the last dim of x (.., C), statistics in
@@ -91,8 +91,7 @@ fn row_stats<T: Real>(x: &[T], eps: f64) -> (T, T) {
 
 fn layer_norm_rows<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Result<Vec<T>> {
     let c = w.len();
-    let mut out = vec![T::zero(); x.len()];
-    for_each_row(&mut out, c, |r, y| {
+    let out = filled_by_rows(x.len(), c, |r, y| {
         let xr = &x[r * c..(r + 1) * c];
         let (mean, rstd) = row_stats(xr, eps);
         for (((yi, &v), &wi), &bi) in y.iter_mut().zip(xr).zip(w).zip(b) {
@@ -200,7 +199,7 @@ fn layer_norm_backward_rows<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Res
     let rows = x.len() / c.max(1);
     let inv_c = T::from_f64(1.0 / c as f64);
     let blocks = rows.div_ceil(BACKWARD_BLOCK_ROWS);
-    let mut out = vec![T::zero(); x.len() + 2 * c];
+    let mut out = zeros::<T>(x.len() + 2 * c)?;
     // Per block: c values of dw, then c of db.
     let mut partial = vec![T::zero(); blocks * 2 * c];
     let (out_ptr, partial_ptr) = (SharedMut(out.as_mut_ptr()), SharedMut(partial.as_mut_ptr()));

@@ -50,12 +50,16 @@ thread_local! {
     static PACK: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// C (m×n, row stride `ldc`, unit column stride) ← [C +] beta · A (m×k) · B (k×n).
+/// C (m×n, row stride `ldc`, unit column stride) ← [C +] beta · A (m×k) · B (k×n), or, when not
+/// accumulating and `bias` (n values) is not null, C ← bias + beta · A·B. The bias is added
+/// where the first block along k is stored, so a linear layer's output is written once instead
+/// of filled with the bias row by row and then read back by an accumulating GEMM.
 ///
 /// # Safety
 /// The CPU must support AVX-512F (`available()`); `a`, `b` must be valid for every (i, p) and
 /// (p, j) element their strides address, `c` for rows `0..m` × columns `0..n` at `ldc`, and no
-/// other thread may write those C elements during the call.
+/// other thread may write those C elements during the call; a non-null `bias` must be valid for
+/// `n` reads. C's elements are only written (never read) when `accumulate` is false.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn sgemm(
@@ -68,6 +72,7 @@ pub unsafe fn sgemm(
     ldc: usize,
     beta: f32,
     accumulate: bool,
+    bias: *const f32,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -75,7 +80,11 @@ pub unsafe fn sgemm(
     if k == 0 {
         if !accumulate {
             for i in 0..m {
-                std::ptr::write_bytes(c.add(i * ldc), 0, n);
+                if bias.is_null() {
+                    std::ptr::write_bytes(c.add(i * ldc), 0, n);
+                } else {
+                    std::ptr::copy_nonoverlapping(bias, c.add(i * ldc), n);
+                }
             }
         }
         return;
@@ -118,6 +127,11 @@ pub unsafe fn sgemm(
                                 cols,
                                 beta,
                                 accumulate: acc,
+                                bias: if acc || bias.is_null() {
+                                    std::ptr::null()
+                                } else {
+                                    bias.add(jc + jr)
+                                },
                             };
                             if ir < full {
                                 let ap = a.ptr.add((ic + ir) * a.rs + pc * a.cs);
@@ -203,6 +217,8 @@ struct Tile {
     cols: usize,
     beta: f32,
     accumulate: bool,
+    /// The tile's `cols` bias values, added when not accumulating; null for none.
+    bias: *const f32,
 }
 
 /// The MR × NR tile of A·B over kc, A element (r, p) at `a + r·a_rs + p·a_cs`, B a packed panel.
@@ -235,6 +251,14 @@ unsafe fn kernel_body(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, bp: *c
     } else {
         0
     };
+    let bias = if t.bias.is_null() {
+        [_mm512_setzero_ps(); 2]
+    } else {
+        [
+            _mm512_maskz_loadu_ps(m0, t.bias),
+            _mm512_maskz_loadu_ps(m1, t.bias.add(16)),
+        ]
+    };
     for (r, row) in acc.iter().enumerate().take(t.rows) {
         let dst = t.c.add(r * t.ldc);
         for (half, (&v, mask)) in row.iter().zip([m0, m1]).enumerate() {
@@ -245,6 +269,8 @@ unsafe fn kernel_body(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, bp: *c
             let mut out = _mm512_mul_ps(beta_v, v);
             if t.accumulate {
                 out = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, d), out);
+            } else if !t.bias.is_null() {
+                out = _mm512_add_ps(bias[half], out);
             }
             _mm512_mask_storeu_ps(d, mask, out);
         }
@@ -325,7 +351,20 @@ mod tests {
                 let ldc = n + 3;
                 let mut c = vec![1.0f32; m * ldc];
                 // SAFETY: the CPU has AVX-512F; every buffer covers the addressed elements.
-                unsafe { sgemm(m, n, k, a_op, b_op, c.as_mut_ptr(), ldc, 0.5, true) };
+                unsafe {
+                    sgemm(
+                        m,
+                        n,
+                        k,
+                        a_op,
+                        b_op,
+                        c.as_mut_ptr(),
+                        ldc,
+                        0.5,
+                        true,
+                        std::ptr::null(),
+                    )
+                };
                 for i in 0..m {
                     for j in 0..n {
                         let expect = 1.0 + 0.5 * want[i * n + j];
@@ -354,9 +393,93 @@ mod tests {
             cs: 1,
         };
         // SAFETY: AVX-512F present; 2×2 buffers.
-        unsafe { sgemm(2, 2, 2, op(&a), op(&b), c.as_mut_ptr(), 2, 1.0, false) };
+        unsafe {
+            sgemm(
+                2,
+                2,
+                2,
+                op(&a),
+                op(&b),
+                c.as_mut_ptr(),
+                2,
+                1.0,
+                false,
+                std::ptr::null(),
+            )
+        };
         assert_eq!(c, a);
-        unsafe { sgemm(2, 2, 0, op(&a), op(&b), c.as_mut_ptr(), 2, 1.0, false) };
+        unsafe {
+            sgemm(
+                2,
+                2,
+                0,
+                op(&a),
+                op(&b),
+                c.as_mut_ptr(),
+                2,
+                1.0,
+                false,
+                std::ptr::null(),
+            )
+        };
         assert_eq!(c, [0.0; 4]);
+    }
+
+    #[test]
+    fn a_bias_start_gives_the_bits_of_filling_the_bias_and_accumulating() {
+        if !available() {
+            return;
+        }
+        // Partial tiles in both directions, several blocks along k, and k = 0.
+        for &(m, n, k) in &[(13, 45, 300), (12, 32, 7), (3, 70, 1), (5, 9, 0)] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.3)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 3 % 7) as f32 - 3.0) * 0.7)
+                .collect();
+            let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 4.0).collect();
+            let a_op = Operand {
+                ptr: a.as_ptr(),
+                rs: k,
+                cs: 1,
+            };
+            let b_op = Operand {
+                ptr: b.as_ptr(),
+                rs: n,
+                cs: 1,
+            };
+            let mut filled: Vec<f32> = (0..m).flat_map(|_| bias.iter().copied()).collect();
+            let mut started = vec![f32::NAN; m * n];
+            // SAFETY: AVX-512F present; every buffer covers the addressed elements.
+            unsafe {
+                sgemm(
+                    m,
+                    n,
+                    k,
+                    a_op,
+                    b_op,
+                    filled.as_mut_ptr(),
+                    n,
+                    1.0,
+                    true,
+                    std::ptr::null(),
+                );
+                sgemm(
+                    m,
+                    n,
+                    k,
+                    a_op,
+                    b_op,
+                    started.as_mut_ptr(),
+                    n,
+                    1.0,
+                    false,
+                    bias.as_ptr(),
+                );
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&started), bits(&filled), "shape {:?}", (m, n, k));
+        }
     }
 }

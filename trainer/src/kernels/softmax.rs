@@ -7,7 +7,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
 
-use super::parallel::for_each_row;
+use super::parallel::filled_by_rows;
 use super::real::{float_kernel, same_shape, Real};
 
 /// softmax(scale · scores + mask) over the last dim, scores (.., T, T) and `mask` (≥T, ≥T): 0 on
@@ -36,8 +36,7 @@ struct CausalSoftmax {
 
 fn causal_softmax_rows<T: Real>(x: &[T], t: usize, scale: f64) -> Result<Vec<T>> {
     let scale = T::from_f64(scale);
-    let mut out = vec![T::zero(); x.len()];
-    for_each_row(&mut out, t, |r, y| {
+    let out = filled_by_rows(x.len(), t, |r, y| {
         let keep = r % t + 1; // query position i sees keys 0..=i
         let xr = &x[r * t..r * t + keep];
         let mut max = xr[0] * scale;
@@ -106,8 +105,7 @@ struct SoftmaxBackward {
 
 fn softmax_backward_rows<T: Real>(y: &[T], g: &[T], cols: usize, scale: f64) -> Result<Vec<T>> {
     let scale = T::from_f64(scale);
-    let mut out = vec![T::zero(); y.len()];
-    for_each_row(&mut out, cols, |r, dx| {
+    let out = filled_by_rows(y.len(), cols, |r, dx| {
         let yr = &y[r * cols..(r + 1) * cols];
         let gr = &g[r * cols..(r + 1) * cols];
         let dot = T::dot_slice(yr, gr);

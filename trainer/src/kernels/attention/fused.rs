@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::kernels::gemm::{gemm_into, View};
-use crate::kernels::parallel::{for_each_block, SharedMut};
+use crate::kernels::parallel::{for_each_block, zeros, SharedMut};
 use crate::kernels::real::{float_kernel, Real};
 
 /// cos/sin tables of rotary positions, (max_T, head_dim/2) each, row-major.
@@ -165,8 +165,8 @@ impl FusedAttention {
     fn forward<T: Real>(&self, qkv: &[T], dims: Dims) -> Result<Vec<T>> {
         let Dims { b, t, h, hd } = dims;
         let d = dims.d();
-        let mut y = vec![T::zero(); b * t * d];
-        let mut probs = vec![T::zero(); b * h * t * t];
+        let mut y = zeros::<T>(b * t * d)?;
+        let mut probs = zeros::<T>(b * h * t * t)?;
         let y_len = y.len();
         let (y_ptr, p_ptr) = (SharedMut(y.as_mut_ptr()), SharedMut(probs.as_mut_ptr()));
         let scale = T::from_f64(self.scale);
@@ -277,7 +277,7 @@ impl AttentionBackward {
         if probs.len() != b * h * t * t {
             bail!("fused-attention: probabilities do not match the gradient's shape");
         }
-        let mut dqkv = vec![T::zero(); qkv.len()];
+        let mut dqkv = zeros(qkv.len())?;
         let len = dqkv.len();
         let out = SharedMut(dqkv.as_mut_ptr());
         let scale = T::from_f64(self.fwd.scale);
