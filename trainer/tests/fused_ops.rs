@@ -416,6 +416,49 @@ fn the_fused_linear_matches_the_primitive_ops_with_and_without_bias() -> Result<
 }
 
 #[test]
+fn the_fused_linear_takes_leading_dims_as_rows_with_the_same_values_and_gradients() -> Result<()> {
+    // (2, 64, 128) → 384: the model's (batch, time, channels) without a reshape, against the
+    // same rows as one (128, 128) matrix; both split across threads.
+    let (b, t, d_in, d_out) = (2, 64, 128, 384);
+    let x = values(&[b, t, d_in], DType::F32, 0.3)?;
+    let w = values(&[d_out, d_in], DType::F32, 1.1)?;
+    let bias = values(&[d_out], DType::F32, 2.3)?;
+    let g = values(&[b, t, d_out], DType::F32, 0.7)?;
+    let bits = |t: &Tensor| -> Result<Vec<u32>> {
+        Ok(t.flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect())
+    };
+    for with_bias in [true, false] {
+        let bias = with_bias.then_some(&bias);
+        let (xv, wv) = (Var::from_tensor(&x)?, Var::from_tensor(&w)?);
+        let y3 = fused_linear(xv.as_tensor(), wv.as_tensor(), bias)?;
+        assert_eq!(y3.dims(), &[b, t, d_out]);
+        let grads3 = (&y3 * &g)?.sum_all()?.backward()?;
+        let (xv2, wv2) = (
+            Var::from_tensor(&x.reshape((b * t, d_in))?)?,
+            Var::from_tensor(&w)?,
+        );
+        let y2 = fused_linear(xv2.as_tensor(), wv2.as_tensor(), bias)?;
+        let grads2 = (&y2 * &g.reshape((b * t, d_out))?)?.sum_all()?.backward()?;
+        assert_eq!(bits(&y3)?, bits(&y2)?, "bias {with_bias}: outputs");
+        let dx3 = grads3.get(xv.as_tensor()).expect("dx");
+        assert_eq!(dx3.dims(), &[b, t, d_in]);
+        let dx2 = grads2.get(xv2.as_tensor()).expect("dx");
+        assert_eq!(bits(dx3)?, bits(dx2)?, "bias {with_bias}: dx");
+        let (dw3, dw2) = (grads3.get(wv.as_tensor()), grads2.get(wv2.as_tensor()));
+        assert_eq!(
+            bits(dw3.expect("dw"))?,
+            bits(dw2.expect("dw"))?,
+            "bias {with_bias}: dw"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn the_fused_linear_gradients_match_finite_differences() -> Result<()> {
     let x = values(&[4, 3], DType::F64, 0.3)?;
     let w = values(&[5, 3], DType::F64, 1.1)?;

@@ -25,7 +25,7 @@ pub fn fused_add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op2(&bias.contiguous()?, AddBias)
 }
 
-/// (N, C) → (C,): column sums of a CPU matrix, without a backward.
+/// (.., C) → (C,): column sums of a CPU tensor taken as rows, without a backward.
 pub(crate) fn sum_rows(g: &Tensor) -> Result<Tensor> {
     g.contiguous()?.apply_op1_no_bwd(&SumRows)
 }
@@ -109,7 +109,7 @@ impl CustomOp1 for SumRows {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (_, c) = layout.shape().dims2()?;
+        let (_, c) = super::linear::as_rows(layout)?;
         let n = self.name();
         let out = float_kernel!(n; v = (storage, layout) => column_sums(v, c)?);
         Ok((out, Shape::from(c)))

@@ -26,13 +26,15 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
         // zero-fills and adds a whole gradient buffer for each.
         return bf16_linear_on_gpu(x, weight, bias); // (.., out)
     }
+    if super::use_fused(x) && !super::autocast::is_active() {
+        // The fused op takes the leading dims as they are, for the same reason.
+        return fused_linear(x, weight, bias); // (.., out)
+    }
     let mut shape = x.dims().to_vec();
     let in_dim = shape.pop().unwrap_or(1);
     shape.push(weight.dim(0)?);
     let x2 = x.reshape(((), in_dim))?; // (N, in)
-    let y = if super::use_fused(&x2) && !super::autocast::is_active() {
-        fused_linear(&x2, weight, bias)? // (N, out)
-    } else {
+    let y = {
         let y = super::autocast::matmul(&x2, &weight.t()?)?; // (N, out)
         match bias {
             Some(b) => add_bias(&y, b)?,
@@ -52,7 +54,8 @@ fn bf16_linear_on_gpu(_: &Tensor, _: &Tensor, _: Option<&Tensor>) -> Result<Tens
     bail!("linear: this build has no CUDA kernels") // `use_cuda_kernel` is false without them
 }
 
-/// The fused CPU path of `linear` for x (N, in): fused forward and backward.
+/// The fused CPU path of `linear` for x (.., in): fused forward and backward, on any leading
+/// dims (no reshape nodes, whose backward would each zero-fill and add a gradient buffer).
 pub fn fused_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let x = x.contiguous()?;
     let weight = weight.contiguous()?;
@@ -143,9 +146,27 @@ fn grad_weight<T: Real>(
     product_by_row_blocks((d_out, d_in, n), g, gt, x, View::rows(0, d_in), None)
 }
 
-/// (n, in) and (out, in) shapes of a call, checked against each other.
+/// A tensor of shape (.., c) as a matrix (n, c): its leading dims taken as one.
+pub(crate) fn as_rows(layout: &Layout) -> Result<(usize, usize)> {
+    match layout.dims().split_last() {
+        Some((&c, leading)) => Ok((leading.iter().product(), c)),
+        None => bail!("a matrix of rows needs at least one dimension, not a scalar"),
+    }
+}
+
+/// `dims` with its last dimension replaced by `last`.
+fn with_last(dims: &[usize], last: usize) -> Shape {
+    let mut dims = dims.to_vec();
+    if let Some(d) = dims.last_mut() {
+        *d = last;
+    }
+    Shape::from(dims)
+}
+
+/// (n, in) and (out, in) shapes of a call, checked against each other; x may have any leading
+/// dims.
 fn check(name: &str, x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
-    let (n, d_in) = x.shape().dims2()?;
+    let (n, d_in) = as_rows(x)?;
     let (d_out, w_in) = w.shape().dims2()?;
     if w_in != d_in {
         bail!(
@@ -181,7 +202,7 @@ impl CustomOp3 for LinearBias {
             bail!("{name}: bias {:?} for {d_out} outputs", l3.dims());
         }
         let out = float_kernel!(name; x = (s1, l1), w = (s2, l2), b = (s3, l3) => forward(x, w, Some(b), (n, d_in, d_out))?);
-        Ok((out, Shape::from((n, d_out))))
+        Ok((out, with_last(l1.dims(), d_out)))
     }
 
     fn bwd(
@@ -192,7 +213,7 @@ impl CustomOp3 for LinearBias {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = grad.contiguous()?; // (n, out)
+        let g = grad.contiguous()?; // (.., out)
         let dx = g.apply_op2_no_bwd(w, &GradInput)?;
         let dw = g.apply_op2_no_bwd(x, &GradWeight)?;
         let db = sum_rows(&g)?;
@@ -219,7 +240,7 @@ impl CustomOp2 for LinearNoBias {
         let name = self.name();
         let (n, d_in, d_out) = check(name, l1, l2)?;
         let out = float_kernel!(name; x = (s1, l1), w = (s2, l2) => forward(x, w, None, (n, d_in, d_out))?);
-        Ok((out, Shape::from((n, d_out))))
+        Ok((out, with_last(l1.dims(), d_out)))
     }
 
     fn bwd(
@@ -252,7 +273,7 @@ impl CustomOp2 for GradInput {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let name = self.name();
-        let (n, d_out) = l1.shape().dims2()?;
+        let (n, d_out) = as_rows(l1)?;
         let (w_out, d_in) = l2.shape().dims2()?;
         if w_out != d_out {
             bail!(
@@ -263,7 +284,7 @@ impl CustomOp2 for GradInput {
         }
         let out =
             float_kernel!(name; g = (s1, l1), w = (s2, l2) => grad_input(g, w, (n, d_in, d_out))?);
-        Ok((out, Shape::from((n, d_in))))
+        Ok((out, with_last(l1.dims(), d_in)))
     }
 }
 
@@ -283,8 +304,8 @@ impl CustomOp2 for GradWeight {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let name = self.name();
-        let (n, d_out) = l1.shape().dims2()?;
-        let (x_n, d_in) = l2.shape().dims2()?;
+        let (n, d_out) = as_rows(l1)?;
+        let (x_n, d_in) = as_rows(l2)?;
         if x_n != n {
             bail!("{name}: gradient {:?} for input {:?}", l1.dims(), l2.dims());
         }
