@@ -459,6 +459,38 @@ fn the_fused_linear_takes_leading_dims_as_rows_with_the_same_values_and_gradient
 }
 
 #[test]
+fn the_fused_layer_norm_takes_leading_dims_as_rows_with_the_same_values_and_gradients() -> Result<()>
+{
+    let (b, t, c) = (2, 64, 128);
+    let x = values(&[b, t, c], DType::F32, 0.3)?;
+    let w = values(&[c], DType::F32, 1.1)?;
+    let bias = values(&[c], DType::F32, 2.3)?;
+    let g = values(&[b, t, c], DType::F32, 0.7)?;
+    let bits = |t: &Tensor| -> Result<Vec<u32>> {
+        Ok(t.flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect())
+    };
+    let run = |x: &Tensor| -> Result<(Tensor, Tensor, Tensor)> {
+        let (xv, wv) = (Var::from_tensor(x)?, Var::from_tensor(&w)?);
+        let y = fused_layer_norm(xv.as_tensor(), wv.as_tensor(), &bias, 1e-5)?;
+        let grads = (&y * &g.reshape(x.shape())?)?.sum_all()?.backward()?;
+        let dx = grads.get(xv.as_tensor()).expect("dx").clone();
+        let dw = grads.get(wv.as_tensor()).expect("dw").clone();
+        Ok((y, dx, dw))
+    };
+    let (y3, dx3, dw3) = run(&x)?;
+    let (y2, dx2, dw2) = run(&x.reshape((b * t, c))?)?;
+    assert_eq!((y3.dims(), dx3.dims()), (&[b, t, c][..], &[b, t, c][..]));
+    assert_eq!(bits(&y3)?, bits(&y2)?);
+    assert_eq!(bits(&dx3)?, bits(&dx2)?);
+    assert_eq!(bits(&dw3)?, bits(&dw2)?);
+    Ok(())
+}
+
+#[test]
 fn the_fused_linear_gradients_match_finite_differences() -> Result<()> {
     let x = values(&[4, 3], DType::F64, 0.3)?;
     let w = values(&[5, 3], DType::F64, 1.1)?;

@@ -7,6 +7,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
+use super::linear::as_rows;
 use super::parallel::{filled_by_rows, for_each_block, zeros, SharedMut};
 use super::real::{float_kernel, Real};
 
@@ -56,13 +57,17 @@ fn normalize(
 /// The fused path of `layer_norm` (CPU, or CUDA with the `cuda` feature): x (.., C), weight and
 /// bias (C,).
 pub fn fused_layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    let op = LayerNormOp { eps };
+    if x.device().is_cpu() {
+        // The CPU op takes the leading dims as rows: a reshape would be one more graph node
+        // each way, and candle's backward zero-fills and adds a gradient buffer for each.
+        return x
+            .contiguous()?
+            .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op); // (.., C)
+    }
     let c = x.dim(D::Minus1)?;
     let x2 = x.reshape(((), c))?.contiguous()?; // (N, C)
-    let y = x2.apply_op3(
-        &weight.contiguous()?,
-        &bias.contiguous()?,
-        LayerNormOp { eps },
-    )?;
+    let y = x2.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)?;
     y.reshape(x.shape()) // (.., C)
 }
 
@@ -143,10 +148,10 @@ impl CustomOp3 for LayerNormOp {
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (n, c) = x.dims2()?;
-        let g = grad_res.contiguous()?; // (N, C)
+        let (n, c) = as_rows(x.layout())?;
+        let g = grad_res.contiguous()?; // (.., C)
         let packed = x.apply_op3_no_bwd(w, &g, &LayerNormBackward { eps: self.eps })?; // (N+2, C)
-        let dx = packed.narrow(0, 0, n)?; // (N, C)
+        let dx = packed.narrow(0, 0, n)?.reshape(x.shape())?; // (.., C)
         let dw = packed.get(n)?; // (C,)
         let db = packed.get(n + 1)?; // (C,)
         debug_assert_eq!(dw.dims1()?, c);
@@ -154,9 +159,9 @@ impl CustomOp3 for LayerNormOp {
     }
 }
 
-/// x (N, C) with weight and bias (C,), for the CPU and CUDA paths alike.
+/// x (.., C) with weight and bias (C,), for the CPU and CUDA paths alike.
 fn ln_shapes(x: &Layout, w: &Layout, b: &Layout) -> Result<()> {
-    let (_, c) = x.shape().dims2()?;
+    let (_, c) = as_rows(x)?;
     if w.dims() != [c] || b.dims() != [c] {
         bail!(
             "layer-norm: weight/bias must be ({c},), got {:?}/{:?}",
@@ -167,9 +172,10 @@ fn ln_shapes(x: &Layout, w: &Layout, b: &Layout) -> Result<()> {
     Ok(())
 }
 
-/// (N, C) of x, with weight (C,) and a gradient shaped like x, for the CPU and CUDA paths alike.
+/// (N, C) of x (.., C), with weight (C,) and a gradient shaped like x, for the CPU and CUDA
+/// paths alike.
 fn ln_backward_shapes(x: &Layout, w: &Layout, g: &Layout) -> Result<(usize, usize)> {
-    let (rows, c) = x.shape().dims2()?;
+    let (rows, c) = as_rows(x)?;
     if w.dims() != [c] || g.shape() != x.shape() {
         bail!(
             "layer-norm-backward: shapes {:?}, {:?}, {:?}",
