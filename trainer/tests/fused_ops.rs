@@ -11,7 +11,8 @@ use std::sync::Arc;
 use trainer::kernels::attention::{fused_causal_attention, RopeTables};
 use trainer::kernels::bias::fused_add_bias;
 use trainer::kernels::gelu::fused_gelu_tanh;
-use trainer::kernels::linear::fused_linear;
+use trainer::kernels::gelu_tanh;
+use trainer::kernels::linear::{fused_linear, linear_gelu};
 use trainer::kernels::loss::fused_cross_entropy;
 use trainer::kernels::norm::fused_layer_norm;
 use trainer::kernels::softmax::fused_causal_softmax;
@@ -487,6 +488,61 @@ fn the_fused_layer_norm_takes_leading_dims_as_rows_with_the_same_values_and_grad
     assert_eq!(bits(&y3)?, bits(&y2)?);
     assert_eq!(bits(&dx3)?, bits(&dx2)?);
     assert_eq!(bits(&dw3)?, bits(&dw2)?);
+    Ok(())
+}
+
+#[test]
+fn the_one_op_linear_gelu_gives_the_bits_of_a_linear_then_a_gelu() -> Result<()> {
+    let (b, t, d_in, d_out) = (2, 64, 128, 512);
+    let x = values(&[b, t, d_in], DType::F32, 0.3)?;
+    let w = (values(&[d_out, d_in], DType::F32, 1.1)? * 0.1)?;
+    let bias = values(&[d_out], DType::F32, 2.3)?;
+    let g = values(&[b, t, d_out], DType::F32, 0.7)?;
+    let bits = |t: &Tensor| -> Result<Vec<u32>> {
+        Ok(t.flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect())
+    };
+    type Op<'a> = &'a dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
+    let run = |op: Op| -> Result<Vec<Vec<u32>>> {
+        let (xv, wv, bv) = (
+            Var::from_tensor(&x)?,
+            Var::from_tensor(&w)?,
+            Var::from_tensor(&bias)?,
+        );
+        let y = op(xv.as_tensor(), wv.as_tensor(), bv.as_tensor())?;
+        assert_eq!(y.dims(), &[b, t, d_out]);
+        let grads = (&y * &g)?.sum_all()?.backward()?;
+        let mut out = vec![bits(&y)?];
+        for v in [&xv, &wv, &bv] {
+            out.push(bits(grads.get(v.as_tensor()).expect("gradient"))?);
+        }
+        Ok(out)
+    };
+    let one_op = run(&|x, w, b| linear_gelu(x, w, Some(b)))?;
+    let two_ops = run(&|x, w, b| gelu_tanh(&fused_linear(x, w, Some(b))?))?;
+    for (i, what) in ["y", "dx", "dw", "db"].iter().enumerate() {
+        assert_eq!(one_op[i], two_ops[i], "{what}");
+    }
+    // And by finite differences in f64, for every input.
+    let x = values(&[4, 3], DType::F64, 0.3)?;
+    let w = values(&[5, 3], DType::F64, 1.1)?;
+    let b = values(&[5], DType::F64, 2.3)?;
+    for (name, worst) in [
+        (
+            "x",
+            check_gradient(|x| linear_gelu(x, &w, Some(&b)), &[4, 3])?,
+        ),
+        (
+            "w",
+            check_gradient(|w| linear_gelu(&x, w, Some(&b)), &[5, 3])?,
+        ),
+        ("b", check_gradient(|b| linear_gelu(&x, &w, Some(b)), &[5])?),
+    ] {
+        assert!(worst < 1e-7, "d{name}: worst relative error {worst}");
+    }
     Ok(())
 }
 

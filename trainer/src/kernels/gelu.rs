@@ -28,7 +28,7 @@ pub fn fused_gelu_tanh(x: &Tensor) -> Result<Tensor> {
 #[derive(Debug, Clone, Copy)]
 struct GeluTanh;
 
-fn gelu_rows<T: Real>(x: &[T]) -> Result<Vec<T>> {
+pub(crate) fn gelu_rows<T: Real>(x: &[T]) -> Result<Vec<T>> {
     let cols = 1024.min(x.len().max(1));
     filled_by_rows(x.len(), cols, |r, y| {
         T::gelu_slice(&x[r * cols..r * cols + y.len()], y);
@@ -64,7 +64,7 @@ impl CustomOp1 for GeluTanh {
 #[derive(Debug, Clone, Copy)]
 struct GeluBackward;
 
-fn gelu_backward_rows<T: Real>(x: &[T], g: &[T]) -> Result<Vec<T>> {
+pub(crate) fn gelu_backward_rows<T: Real>(x: &[T], g: &[T]) -> Result<Vec<T>> {
     let cols = 1024.min(x.len().max(1));
     filled_by_rows(x.len(), cols, |r, dx| {
         let start = r * cols;

@@ -7,7 +7,12 @@
 //! (dx = g·W, dW = gᵀ·x) plus a row sum for the bias. Rows are split into about one block per
 //! thread, with a single-threaded GEMM inside each (see `gemm`).
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
+};
 
 use super::bias::{add_bias, sum_rows};
 use super::gemm::{gemm_bias_into, View};
@@ -52,6 +57,23 @@ fn bf16_linear_on_gpu(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Res
 #[cfg(not(feature = "cuda"))]
 fn bf16_linear_on_gpu(_: &Tensor, _: &Tensor, _: Option<&Tensor>) -> Result<Tensor> {
     bail!("linear: this build has no CUDA kernels") // `use_cuda_kernel` is false without them
+}
+
+/// tanh-GELU(x·Wᵀ + b): the first layer of a GELU MLP. On the fused CPU path this is one graph
+/// node instead of a linear layer and a GELU, so candle's backward zero-fills and adds one
+/// gradient buffer less, the widest of the block (.., d_ff); elsewhere it is the two ops.
+/// Same values and gradients either way (the same kernels run in the same order).
+pub fn linear_gelu(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    match bias {
+        Some(b) if super::use_fused(x) && !super::autocast::is_active() => {
+            x.contiguous()?.apply_op3(
+                &weight.contiguous()?,
+                &b.contiguous()?,
+                LinearGelu::default(),
+            )
+        } // (.., out)
+        _ => super::gelu_tanh(&linear(x, weight, bias)?),
+    }
 }
 
 /// The fused CPU path of `linear` for x (.., in): fused forward and backward, on any leading
@@ -312,5 +334,119 @@ impl CustomOp2 for GradWeight {
         let out =
             float_kernel!(name; g = (s1, l1), x = (s2, l2) => grad_weight(g, x, (n, d_in, d_out))?);
         Ok((out, Shape::from((d_out, d_in))))
+    }
+}
+
+/// The pre-activation x·Wᵀ + b of one `LinearGelu` forward, kept for its backward (as the GELU
+/// node kept its input before), in the forward's element type.
+type Stash = Arc<Mutex<Option<Box<dyn Any + Send>>>>;
+
+/// gelu(x·Wᵀ + b) as one op.
+#[derive(Clone, Default)]
+struct LinearGelu {
+    pre: Stash,
+}
+
+impl std::fmt::Debug for LinearGelu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LinearGelu")
+    }
+}
+
+impl LinearGelu {
+    fn forward<T: Real>(
+        &self,
+        x: &[T],
+        w: &[T],
+        b: &[T],
+        dims: (usize, usize, usize),
+    ) -> Result<Vec<T>> {
+        let pre = forward(x, w, Some(b), dims)?;
+        let y = super::gelu::gelu_rows(&pre)?;
+        let mut stash = self
+            .pre
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("linear-gelu: poisoned stash".into()))?;
+        *stash = Some(Box::new(pre));
+        Ok(y)
+    }
+}
+
+impl CustomOp3 for LinearGelu {
+    fn name(&self) -> &'static str {
+        "linear-gelu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let (n, d_in, d_out) = check(name, l1, l2)?;
+        if l3.dims() != [d_out] {
+            bail!("{name}: bias {:?} for {d_out} outputs", l3.dims());
+        }
+        let out = float_kernel!(name; x = (s1, l1), w = (s2, l2), b = (s3, l3) => self.forward(x, w, b, (n, d_in, d_out))?);
+        Ok((out, with_last(l1.dims(), d_out)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?; // (.., out)
+                                    // d(pre) = g · gelu'(pre), then the linear layer's backward from it.
+        let dpre = g.apply_op1_no_bwd(&GeluGradOfStash {
+            pre: self.pre.clone(),
+        })?;
+        let dx = dpre.apply_op2_no_bwd(w, &GradInput)?;
+        let dw = dpre.apply_op2_no_bwd(x, &GradWeight)?;
+        let db = sum_rows(&dpre)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// g → g · gelu'(pre), with pre from the stash of the `LinearGelu` forward.
+struct GeluGradOfStash {
+    pre: Stash,
+}
+
+impl GeluGradOfStash {
+    fn grad<T: Real>(&self, g: &[T]) -> Result<Vec<T>> {
+        let stash = self
+            .pre
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("linear-gelu: poisoned stash".into()))?;
+        let Some(pre) = stash.as_ref().and_then(|p| p.downcast_ref::<Vec<T>>()) else {
+            bail!("linear-gelu: backward without a forward in the same dtype");
+        };
+        if pre.len() != g.len() {
+            bail!(
+                "linear-gelu: gradient of {} values for {}",
+                g.len(),
+                pre.len()
+            );
+        }
+        super::gelu::gelu_backward_rows(pre, g)
+    }
+}
+
+impl CustomOp1 for GeluGradOfStash {
+    fn name(&self) -> &'static str {
+        "linear-gelu-grad"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let out = float_kernel!(self.name(); g = (storage, layout) => self.grad(g)?);
+        Ok((out, layout.shape().clone()))
     }
 }

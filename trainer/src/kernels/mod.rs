@@ -12,6 +12,7 @@
 //! | [`add_bias`] | x + b, x (N, C) | row-wise bias gradient |
 //! | [`layer_norm`], [`rms_norm`] | normalise the last dim, scale (and shift) | LayerNorm with bias: one pass each way |
 //! | [`gelu_tanh`] | GPT-2's tanh-GELU | one pass each way, vectorised |
+//! | [`linear_gelu`] | tanh-GELU(x·Wᵀ + b), a GELU MLP's first layer | the linear's GEMMs and the GELU's passes in one graph node |
 //! | [`causal_softmax`] | softmax(scale·s + causal mask) | one pass each way |
 //! | [`CausalAttention`] | softmax(q·kᵀ/√hd + mask)·v per head, RoPE | packed q/k/v to merged heads in one op |
 //! | [`cross_entropy`] | mean −log softmax(logits)[target] | one pass each way |
@@ -49,7 +50,7 @@ use candle_core::{DType, Tensor};
 pub use attention::{CausalAttention, Rope};
 pub use bias::add_bias;
 pub use gelu::gelu_tanh;
-pub use linear::linear;
+pub use linear::{linear, linear_gelu};
 pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};
 pub use rows::{add_rows, gather_rows};

@@ -81,6 +81,15 @@ impl Linear {
             None => Ok(y),
         }
     }
+
+    /// tanh-GELU of the layer's output (a GELU MLP's first layer): one op when there is no
+    /// adapter (see `kernels::linear_gelu`).
+    pub fn forward_gelu_t(&self, x: &Tensor, rng: Option<&mut DropoutRng>) -> Result<Tensor> {
+        match &self.adapter {
+            Some(_) => kernels::gelu_tanh(&self.forward_t(x, rng)?),
+            None => kernels::linear_gelu(x, &self.weight, self.bias.as_ref()),
+        }
+    }
 }
 
 impl Module for Linear {

@@ -5,7 +5,6 @@ use candle_nn::VarBuilder;
 
 use super::{DropoutRng, Linear};
 use crate::config::{Activation, LoraConfig, ModelConfig};
-use crate::kernels;
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -60,10 +59,11 @@ impl Mlp {
 
     /// (.., d) → (.., d). With an rng (training), adapters get their dropout.
     pub fn forward_t(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<Tensor> {
-        let h = self.c_fc.forward_t(x, rng.as_deref_mut())?; // (.., d_ff or 2·d_ff)
         let h = match self.activation {
-            Activation::Gelu => kernels::gelu_tanh(&h)?, // tanh approximation, as GPT-2
+            // tanh approximation, as GPT-2
+            Activation::Gelu => self.c_fc.forward_gelu_t(x, rng.as_deref_mut())?, // (.., d_ff)
             Activation::Swiglu => {
+                let h = self.c_fc.forward_t(x, rng.as_deref_mut())?; // (.., 2·d_ff)
                 let gate = h.narrow(D::Minus1, 0, self.d_ff)?; // (.., d_ff)
                 let up = h.narrow(D::Minus1, self.d_ff, self.d_ff)?;
                 (gate.silu()? * up)?
