@@ -8,7 +8,7 @@
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use std::sync::Arc;
 
-use trainer::kernels::attention::{fused_causal_attention, RopeTables};
+use trainer::kernels::attention::{fused_causal_attention, fused_qkv_attention, RopeTables};
 use trainer::kernels::bias::fused_add_bias;
 use trainer::kernels::gelu::fused_gelu_tanh;
 use trainer::kernels::gelu_tanh;
@@ -542,6 +542,49 @@ fn the_one_op_linear_gelu_gives_the_bits_of_a_linear_then_a_gelu() -> Result<()>
         ("b", check_gradient(|b| linear_gelu(&x, &w, Some(b)), &[5])?),
     ] {
         assert!(worst < 1e-7, "d{name}: worst relative error {worst}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_one_op_projection_and_attention_give_the_bits_of_the_two_ops() -> Result<()> {
+    let (b, t, c, h) = (2, 16, 32, 4);
+    let x = values(&[b, t, c], DType::F32, 0.3)?;
+    let w = (values(&[3 * c, c], DType::F32, 1.1)? * 0.2)?;
+    let bias = values(&[3 * c], DType::F32, 2.3)?;
+    let g = values(&[b, t, c], DType::F32, 0.7)?;
+    let scale = 1.0 / ((c / h) as f64).sqrt();
+    let bits = |t: &Tensor| -> Result<Vec<u32>> {
+        Ok(t.flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect())
+    };
+    type Op<'a> = &'a dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
+    let run = |op: Op| -> Result<Vec<Vec<u32>>> {
+        let (xv, wv, bv) = (
+            Var::from_tensor(&x)?,
+            Var::from_tensor(&w)?,
+            Var::from_tensor(&bias)?,
+        );
+        let y = op(xv.as_tensor(), wv.as_tensor(), bv.as_tensor())?;
+        assert_eq!(y.dims(), &[b, t, c]);
+        let grads = (&y * &g)?.sum_all()?.backward()?;
+        let mut out = vec![bits(&y)?];
+        for v in [&xv, &wv, &bv] {
+            out.push(bits(grads.get(v.as_tensor()).expect("gradient"))?);
+        }
+        Ok(out)
+    };
+    for rope in [None, Some(rope_tables(t, c / h))] {
+        let one_op = run(&|x, w, b| fused_qkv_attention(x, w, b, h, scale, rope.clone()))?;
+        let two_ops = run(&|x, w, b| {
+            fused_causal_attention(&fused_linear(x, w, Some(b))?, h, scale, rope.clone())
+        })?;
+        for (i, what) in ["y", "dx", "dw", "db"].iter().enumerate() {
+            assert_eq!(one_op[i], two_ops[i], "{what}, rope {}", rope.is_some());
+        }
     }
     Ok(())
 }

@@ -132,7 +132,7 @@ fn product_by_row_blocks<T: Real>(
 }
 
 /// y (n, out) = x (n, in) · Wᵀ [+ b], W (out, in).
-fn forward<T: Real>(
+pub(crate) fn forward<T: Real>(
     x: &[T],
     w: &[T],
     b: Option<&[T]>,
@@ -280,7 +280,7 @@ impl CustomOp2 for LinearNoBias {
 }
 
 /// (g (n, out), W (out, in)) → dx (n, in).
-struct GradInput;
+pub(crate) struct GradInput;
 
 impl CustomOp2 for GradInput {
     fn name(&self) -> &'static str {
@@ -311,7 +311,7 @@ impl CustomOp2 for GradInput {
 }
 
 /// (g (n, out), x (n, in)) → dW (out, in).
-struct GradWeight;
+pub(crate) struct GradWeight;
 
 impl CustomOp2 for GradWeight {
     fn name(&self) -> &'static str {

@@ -14,7 +14,7 @@
 //! | [`gelu_tanh`] | GPT-2's tanh-GELU | one pass each way, vectorised |
 //! | [`linear_gelu`] | tanh-GELU(x·Wᵀ + b), a GELU MLP's first layer | the linear's GEMMs and the GELU's passes in one graph node |
 //! | [`causal_softmax`] | softmax(scale·s + causal mask) | one pass each way |
-//! | [`CausalAttention`] | softmax(q·kᵀ/√hd + mask)·v per head, RoPE | packed q/k/v to merged heads in one op |
+//! | [`CausalAttention`] | softmax(q·kᵀ/√hd + mask)·v per head, RoPE | packed q/k/v to merged heads in one op; with the q/k/v projection in the same op (`forward_projected`) |
 //! | [`cross_entropy`] | mean −log softmax(logits)[target] | one pass each way |
 //!
 //! Each fused op is one file that says what it computes and why it is fused; tests in

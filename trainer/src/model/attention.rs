@@ -66,8 +66,13 @@ impl CausalSelfAttention {
     /// x (B, T, D) → (B, T, D). With an rng (training), the probabilities get dropout (and
     /// adapters their LoRA dropout).
     pub fn forward(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<Tensor> {
-        let qkv = self.c_attn.forward_t(x, rng.as_deref_mut())?; // (B, T, 3D)
         let p = self.dropout;
+        if let (Some((w, b)), false) = (self.c_attn.plain(), rng.is_some() && p > 0.0) {
+            // No adapter and no dropout: the projection and the attention may be one op.
+            let y = self.attn.forward_projected(x, w, b)?; // (B, T, D)
+            return self.c_proj.forward_t(&y, rng);
+        }
+        let qkv = self.c_attn.forward_t(x, rng.as_deref_mut())?; // (B, T, 3D)
         let probs_dropout = rng
             .as_deref_mut()
             .filter(|_| p > 0.0)

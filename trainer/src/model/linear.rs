@@ -55,6 +55,14 @@ impl Linear {
         &self.weight
     }
 
+    /// Weight and bias, when the layer has no adapter (so it is x·Wᵀ + b and nothing more).
+    pub fn plain(&self) -> Option<(&Tensor, Option<&Tensor>)> {
+        match self.adapter {
+            Some(_) => None,
+            None => Some((&self.weight, self.bias.as_ref())),
+        }
+    }
+
     /// Adds LoRA adapters for `parts` (target names) under `vb`, the layer's own path.
     pub fn adapt(&mut self, lora: &LoraConfig, parts: &[&str], vb: &VarBuilder) -> Result<()> {
         if parts.is_empty() {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
-pub use fused::{fused_causal_attention, RopeTables};
+pub use fused::{fused_causal_attention, fused_qkv_attention, RopeTables};
 
 use super::{autocast, softmax};
 
@@ -104,6 +104,24 @@ impl CausalAttention {
             mask,
             rope,
         })
+    }
+
+    /// `forward` of the packed projection x·Wᵀ + b, without probability dropout: x (B, T, C),
+    /// W (3·D, C) → y (B, T, D). On the fused CPU path the projection and the attention are
+    /// one op (`fused_qkv_attention`); elsewhere the two ops.
+    pub fn forward_projected(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+        match b {
+            Some(b) if super::use_fused(x) && !autocast::is_active() => {
+                let hd = w.dim(0)? / 3 / self.n_heads;
+                let scale = 1.0 / (hd as f64).sqrt();
+                let tables = self.rope.as_ref().map(|r| r.tables.clone());
+                fused_qkv_attention(x, w, b, self.n_heads, scale, tables) // (B, T, D)
+            }
+            _ => {
+                let qkv = super::linear(x, w, b)?; // (B, T, 3·D)
+                self.forward(&qkv, None::<fn(&Tensor) -> Result<Tensor>>)
+            }
+        }
     }
 
     /// qkv (B, T, 3·D), q then k then v along the last dim, each head-major → y (B, T, D).
