@@ -7,9 +7,6 @@
 //! (dx = g·W, dW = gᵀ·x) plus a row sum for the bias. Rows are split into about one block per
 //! thread, with a single-threaded GEMM inside each (see `gemm`).
 
-use std::any::Any;
-use std::sync::{Arc, Mutex};
-
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
 };
@@ -17,7 +14,7 @@ use candle_core::{
 use super::bias::{add_bias, sum_rows};
 use super::gemm::{gemm_bias_into, View};
 use super::parallel::{for_each_block, SharedMut};
-use super::real::{float_kernel, Real};
+use super::real::{float_kernel, Real, Stash};
 use super::CudaKernel;
 
 /// x (.., in) · weight (out, in)ᵀ [+ bias (out,)] → (.., out), as one (N, in) product over the
@@ -185,6 +182,33 @@ fn with_last(dims: &[usize], last: usize) -> Shape {
     Shape::from(dims)
 }
 
+/// `check`, and a bias of `out` values.
+fn check_with_bias(
+    name: &str,
+    x: &Layout,
+    w: &Layout,
+    b: &Layout,
+) -> Result<(usize, usize, usize)> {
+    let (n, d_in, d_out) = check(name, x, w)?;
+    if b.dims() != [d_out] {
+        bail!("{name}: bias {:?} for {d_out} outputs", b.dims());
+    }
+    Ok((n, d_in, d_out))
+}
+
+/// dx and dW of y = x·Wᵀ [+ b] from g = dL/dy (.., out); db, where there is a bias, is
+/// `sum_rows(g)`. Shared by every op that ends in a linear layer.
+pub(crate) fn input_and_weight_grads(
+    g: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    Ok((
+        g.apply_op2_no_bwd(w, &GradInput)?,
+        g.apply_op2_no_bwd(x, &GradWeight)?,
+    ))
+}
+
 /// (n, in) and (out, in) shapes of a call, checked against each other; x may have any leading
 /// dims.
 fn check(name: &str, x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
@@ -219,10 +243,7 @@ impl CustomOp3 for LinearBias {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let name = self.name();
-        let (n, d_in, d_out) = check(name, l1, l2)?;
-        if l3.dims() != [d_out] {
-            bail!("{name}: bias {:?} for {d_out} outputs", l3.dims());
-        }
+        let (n, d_in, d_out) = check_with_bias(name, l1, l2, l3)?;
         let out = float_kernel!(name; x = (s1, l1), w = (s2, l2), b = (s3, l3) => forward(x, w, Some(b), (n, d_in, d_out))?);
         Ok((out, with_last(l1.dims(), d_out)))
     }
@@ -236,10 +257,8 @@ impl CustomOp3 for LinearBias {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = grad.contiguous()?; // (.., out)
-        let dx = g.apply_op2_no_bwd(w, &GradInput)?;
-        let dw = g.apply_op2_no_bwd(x, &GradWeight)?;
-        let db = sum_rows(&g)?;
-        Ok((Some(dx), Some(dw), Some(db)))
+        let (dx, dw) = input_and_weight_grads(&g, x, w)?;
+        Ok((Some(dx), Some(dw), Some(sum_rows(&g)?)))
     }
 }
 
@@ -272,15 +291,13 @@ impl CustomOp2 for LinearNoBias {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let g = grad.contiguous()?;
-        let dx = g.apply_op2_no_bwd(w, &GradInput)?;
-        let dw = g.apply_op2_no_bwd(x, &GradWeight)?;
+        let (dx, dw) = input_and_weight_grads(&grad.contiguous()?, x, w)?;
         Ok((Some(dx), Some(dw)))
     }
 }
 
 /// (g (n, out), W (out, in)) → dx (n, in).
-pub(crate) struct GradInput;
+struct GradInput;
 
 impl CustomOp2 for GradInput {
     fn name(&self) -> &'static str {
@@ -311,7 +328,7 @@ impl CustomOp2 for GradInput {
 }
 
 /// (g (n, out), x (n, in)) → dW (out, in).
-pub(crate) struct GradWeight;
+struct GradWeight;
 
 impl CustomOp2 for GradWeight {
     fn name(&self) -> &'static str {
@@ -337,13 +354,11 @@ impl CustomOp2 for GradWeight {
     }
 }
 
-/// The pre-activation x·Wᵀ + b of one `LinearGelu` forward, kept for its backward (as the GELU
-/// node kept its input before), in the forward's element type.
-type Stash = Arc<Mutex<Option<Box<dyn Any + Send>>>>;
-
 /// gelu(x·Wᵀ + b) as one op.
 #[derive(Clone, Default)]
 struct LinearGelu {
+    /// The pre-activation x·Wᵀ + b of the forward, for the backward (as the GELU node kept its
+    /// input before).
     pre: Stash,
 }
 
@@ -363,11 +378,7 @@ impl LinearGelu {
     ) -> Result<Vec<T>> {
         let pre = forward(x, w, Some(b), dims)?;
         let y = super::gelu::gelu_rows(&pre)?;
-        let mut stash = self
-            .pre
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("linear-gelu: poisoned stash".into()))?;
-        *stash = Some(Box::new(pre));
+        self.pre.keep(pre);
         Ok(y)
     }
 }
@@ -387,10 +398,7 @@ impl CustomOp3 for LinearGelu {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let name = self.name();
-        let (n, d_in, d_out) = check(name, l1, l2)?;
-        if l3.dims() != [d_out] {
-            bail!("{name}: bias {:?} for {d_out} outputs", l3.dims());
-        }
+        let (n, d_in, d_out) = check_with_bias(name, l1, l2, l3)?;
         let out = float_kernel!(name; x = (s1, l1), w = (s2, l2), b = (s3, l3) => self.forward(x, w, b, (n, d_in, d_out))?);
         Ok((out, with_last(l1.dims(), d_out)))
     }
@@ -403,15 +411,13 @@ impl CustomOp3 for LinearGelu {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // d(pre) = g · gelu'(pre), then the linear layer's backward from it.
         let g = grad.contiguous()?; // (.., out)
-                                    // d(pre) = g · gelu'(pre), then the linear layer's backward from it.
         let dpre = g.apply_op1_no_bwd(&GeluGradOfStash {
             pre: self.pre.clone(),
         })?;
-        let dx = dpre.apply_op2_no_bwd(w, &GradInput)?;
-        let dw = dpre.apply_op2_no_bwd(x, &GradWeight)?;
-        let db = sum_rows(&dpre)?;
-        Ok((Some(dx), Some(dw), Some(db)))
+        let (dx, dw) = input_and_weight_grads(&dpre, x, w)?;
+        Ok((Some(dx), Some(dw), Some(sum_rows(&dpre)?)))
     }
 }
 
@@ -422,21 +428,16 @@ struct GeluGradOfStash {
 
 impl GeluGradOfStash {
     fn grad<T: Real>(&self, g: &[T]) -> Result<Vec<T>> {
-        let stash = self
-            .pre
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("linear-gelu: poisoned stash".into()))?;
-        let Some(pre) = stash.as_ref().and_then(|p| p.downcast_ref::<Vec<T>>()) else {
-            bail!("linear-gelu: backward without a forward in the same dtype");
-        };
-        if pre.len() != g.len() {
-            bail!(
-                "linear-gelu: gradient of {} values for {}",
-                g.len(),
-                pre.len()
-            );
-        }
-        super::gelu::gelu_backward_rows(pre, g)
+        self.pre.with("linear-gelu", |pre: &[T]| {
+            if pre.len() != g.len() {
+                bail!(
+                    "linear-gelu: gradient of {} values for {}",
+                    g.len(),
+                    pre.len()
+                );
+            }
+            super::gelu::gelu_backward_rows(pre, g)
+        })
     }
 }
 

@@ -3,6 +3,9 @@
 //! Every kernel is written once for any `T: Real`; f32 runs the vectorised code of `simd`,
 //! f64 (used by the finite-difference gradient checks) plain scalar code with libm.
 
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
 use candle_core::{bail, Layout, Result, WithDType};
 
 /// The float types the kernels support.
@@ -103,3 +106,31 @@ macro_rules! float_kernel {
     };
 }
 pub(crate) use float_kernel;
+
+/// A buffer an op's forward keeps for its backward, in the forward's element type. The op
+/// instance stays in candle's graph, so its backward finds what its forward kept; clones share
+/// the buffer.
+#[derive(Clone, Default)]
+pub(crate) struct Stash(Arc<Mutex<Option<Box<dyn Any + Send>>>>);
+
+impl Stash {
+    /// Keeps `values`, replacing what was kept before.
+    pub(crate) fn keep<T: Real>(&self, values: Vec<T>) {
+        // A poisoned lock only means a panicked holder; the slot is replaced whole.
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = Some(Box::new(values));
+    }
+
+    /// `f` of the kept values; an error naming `op` when nothing of type T was kept.
+    pub(crate) fn with<T: Real, R>(
+        &self,
+        op: &str,
+        f: impl FnOnce(&[T]) -> Result<R>,
+    ) -> Result<R> {
+        let slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(values) = slot.as_ref().and_then(|v| v.downcast_ref::<Vec<T>>()) else {
+            bail!("{op}: backward without a forward in the same dtype");
+        };
+        f(values)
+    }
+}

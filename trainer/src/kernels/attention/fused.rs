@@ -9,8 +9,7 @@
 //! across candle's thread pool, and the softmax probabilities are kept for the backward.
 //! Rotary positions, when configured, are applied to q and k inside the op.
 
-use std::any::Any;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
@@ -18,7 +17,7 @@ use candle_core::{
 
 use crate::kernels::gemm::{gemm_into, View};
 use crate::kernels::parallel::{for_each_block, zeros, SharedMut};
-use crate::kernels::real::{float_kernel, Real};
+use crate::kernels::real::{float_kernel, Real, Stash};
 
 /// cos/sin tables of rotary positions, (max_T, head_dim/2) each, row-major.
 #[derive(Debug)]
@@ -35,7 +34,7 @@ struct FusedAttention {
     scale: f64,
     rope: Option<Arc<RopeTables>>,
     /// Probabilities (B·H, T, T) of this op's forward, for its backward.
-    probs: Arc<Mutex<Option<Box<dyn Any + Send>>>>,
+    probs: Stash,
 }
 
 /// Shapes of one call.
@@ -141,7 +140,7 @@ impl FusedAttention {
             n_heads,
             scale,
             rope,
-            probs: Arc::new(Mutex::new(None)),
+            probs: Stash::default(),
         }
     }
 
@@ -226,9 +225,7 @@ impl FusedAttention {
             )?;
             Ok(())
         })?;
-        if let Ok(mut slot) = self.probs.lock() {
-            *slot = Some(Box::new(probs));
-        }
+        self.probs.keep(probs);
         Ok(y)
     }
 }
@@ -268,14 +265,22 @@ struct AttentionBackward {
 
 impl AttentionBackward {
     fn backward<T: Real>(&self, qkv: &[T], dy: &[T], dims: Dims) -> Result<Vec<T>> {
+        let probs = &self.fwd.probs;
+        probs.with("fused-attention", |probs: &[T]| {
+            self.backward_from(qkv, dy, probs, dims)
+        })
+    }
+
+    /// dqkv from qkv, dy and the forward's probabilities.
+    fn backward_from<T: Real>(
+        &self,
+        qkv: &[T],
+        dy: &[T],
+        probs: &[T],
+        dims: Dims,
+    ) -> Result<Vec<T>> {
         let Dims { b, t, h, hd } = dims;
         let d = dims.d();
-        let stash = self.fwd.probs.lock().map_err(|_| {
-            candle_core::Error::Msg("fused-attention: poisoned probabilities".into())
-        })?;
-        let Some(probs) = stash.as_ref().and_then(|p| p.downcast_ref::<Vec<T>>()) else {
-            bail!("fused-attention: backward without a forward in the same dtype");
-        };
         if probs.len() != b * h * t * t {
             bail!("fused-attention: probabilities do not match the gradient's shape");
         }
@@ -445,7 +450,7 @@ pub fn fused_qkv_attention(
 ) -> Result<Tensor> {
     let op = QkvAttention {
         attn: FusedAttention::new(n_heads, scale, rope),
-        qkv: Arc::default(),
+        qkv: Stash::default(),
     };
     x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)
@@ -455,7 +460,7 @@ pub fn fused_qkv_attention(
 struct QkvAttention {
     attn: FusedAttention,
     /// The packed q/k/v of this op's forward, for its backward.
-    qkv: Arc<Mutex<Option<Box<dyn Any + Send>>>>,
+    qkv: Stash,
 }
 
 impl std::fmt::Debug for QkvAttention {
@@ -477,9 +482,7 @@ impl QkvAttention {
         let dims = self.attn.dims(&Layout::contiguous((bsz, t, d3)))?;
         let qkv = crate::kernels::linear::forward(x, w, Some(b), (bsz * t, d_in, d3))?;
         let y = self.attn.forward(&qkv, dims)?;
-        if let Ok(mut slot) = self.qkv.lock() {
-            *slot = Some(Box::new(qkv));
-        }
+        self.qkv.keep(qkv);
         Ok(y)
     }
 }
@@ -521,12 +524,10 @@ impl CustomOp3 for QkvAttention {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        use crate::kernels::linear::{GradInput, GradWeight};
+        // The attention's backward to the packed q/k/v, then the linear layer's from there.
         let g = grad.contiguous()?; // (B, T, D)
-                                    // The attention's backward to the packed q/k/v, then the linear layer's from there.
         let dqkv = g.apply_op1_no_bwd(&QkvAttentionGrad { op: self.clone() })?; // (B, T, 3D)
-        let dx = dqkv.apply_op2_no_bwd(w, &GradInput)?;
-        let dw = dqkv.apply_op2_no_bwd(x, &GradWeight)?;
+        let (dx, dw) = crate::kernels::linear::input_and_weight_grads(&dqkv, x, w)?;
         let db = crate::kernels::bias::sum_rows(&dqkv)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
@@ -539,18 +540,12 @@ struct QkvAttentionGrad {
 
 impl QkvAttentionGrad {
     fn grad<T: Real>(&self, dy: &[T], dims: Dims) -> Result<Vec<T>> {
-        let stash = self
-            .op
-            .qkv
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("qkv-attention: poisoned q/k/v".into()))?;
-        let Some(qkv) = stash.as_ref().and_then(|p| p.downcast_ref::<Vec<T>>()) else {
-            bail!("qkv-attention: backward without a forward in the same dtype");
-        };
         let backward = AttentionBackward {
             fwd: self.op.attn.clone(),
         };
-        backward.backward(qkv, dy, dims)
+        self.op.qkv.with("qkv-attention", |qkv: &[T]| {
+            backward.backward(qkv, dy, dims)
+        })
     }
 }
 
