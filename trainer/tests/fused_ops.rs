@@ -416,6 +416,43 @@ fn the_fused_linear_matches_the_primitive_ops_with_and_without_bias() -> Result<
     Ok(())
 }
 
+/// The bits of an f32 tensor, for comparisons that must be exact.
+fn bits(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(t.flatten_all()?
+        .to_vec1::<f32>()?
+        .into_iter()
+        .map(f32::to_bits)
+        .collect())
+}
+
+/// An op of (x, W, b).
+type Op3<'a> = &'a dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
+
+/// The dims and bits of `op(x, w, b)`, and the bits of the gradients of Σ op(..)·g with respect
+/// to x, w and b.
+fn output_and_grads(
+    op: Op3,
+    [x, w, b]: [&Tensor; 3],
+    g: &Tensor,
+) -> Result<(Vec<usize>, Vec<Vec<u32>>)> {
+    let vars = [
+        Var::from_tensor(x)?,
+        Var::from_tensor(w)?,
+        Var::from_tensor(b)?,
+    ];
+    let y = op(
+        vars[0].as_tensor(),
+        vars[1].as_tensor(),
+        vars[2].as_tensor(),
+    )?;
+    let grads = (&y * g)?.sum_all()?.backward()?;
+    let mut out = vec![bits(&y)?];
+    for v in &vars {
+        out.push(bits(grads.get(v.as_tensor()).expect("gradient"))?);
+    }
+    Ok((y.dims().to_vec(), out))
+}
+
 #[test]
 fn the_fused_linear_takes_leading_dims_as_rows_with_the_same_values_and_gradients() -> Result<()> {
     // (2, 64, 128) → 384: the model's (batch, time, channels) without a reshape, against the
@@ -425,13 +462,6 @@ fn the_fused_linear_takes_leading_dims_as_rows_with_the_same_values_and_gradient
     let w = values(&[d_out, d_in], DType::F32, 1.1)?;
     let bias = values(&[d_out], DType::F32, 2.3)?;
     let g = values(&[b, t, d_out], DType::F32, 0.7)?;
-    let bits = |t: &Tensor| -> Result<Vec<u32>> {
-        Ok(t.flatten_all()?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(f32::to_bits)
-            .collect())
-    };
     for with_bias in [true, false] {
         let bias = with_bias.then_some(&bias);
         let (xv, wv) = (Var::from_tensor(&x)?, Var::from_tensor(&w)?);
@@ -467,13 +497,6 @@ fn the_fused_layer_norm_takes_leading_dims_as_rows_with_the_same_values_and_grad
     let w = values(&[c], DType::F32, 1.1)?;
     let bias = values(&[c], DType::F32, 2.3)?;
     let g = values(&[b, t, c], DType::F32, 0.7)?;
-    let bits = |t: &Tensor| -> Result<Vec<u32>> {
-        Ok(t.flatten_all()?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(f32::to_bits)
-            .collect())
-    };
     let run = |x: &Tensor| -> Result<(Tensor, Tensor, Tensor)> {
         let (xv, wv) = (Var::from_tensor(x)?, Var::from_tensor(&w)?);
         let y = fused_layer_norm(xv.as_tensor(), wv.as_tensor(), &bias, 1e-5)?;
@@ -498,31 +521,14 @@ fn the_one_op_linear_gelu_gives_the_bits_of_a_linear_then_a_gelu() -> Result<()>
     let w = (values(&[d_out, d_in], DType::F32, 1.1)? * 0.1)?;
     let bias = values(&[d_out], DType::F32, 2.3)?;
     let g = values(&[b, t, d_out], DType::F32, 0.7)?;
-    let bits = |t: &Tensor| -> Result<Vec<u32>> {
-        Ok(t.flatten_all()?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(f32::to_bits)
-            .collect())
-    };
-    type Op<'a> = &'a dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
-    let run = |op: Op| -> Result<Vec<Vec<u32>>> {
-        let (xv, wv, bv) = (
-            Var::from_tensor(&x)?,
-            Var::from_tensor(&w)?,
-            Var::from_tensor(&bias)?,
-        );
-        let y = op(xv.as_tensor(), wv.as_tensor(), bv.as_tensor())?;
-        assert_eq!(y.dims(), &[b, t, d_out]);
-        let grads = (&y * &g)?.sum_all()?.backward()?;
-        let mut out = vec![bits(&y)?];
-        for v in [&xv, &wv, &bv] {
-            out.push(bits(grads.get(v.as_tensor()).expect("gradient"))?);
-        }
-        Ok(out)
-    };
-    let one_op = run(&|x, w, b| linear_gelu(x, w, Some(b)))?;
-    let two_ops = run(&|x, w, b| gelu_tanh(&fused_linear(x, w, Some(b))?))?;
+    let (dims, one_op) =
+        output_and_grads(&|x, w, b| linear_gelu(x, w, Some(b)), [&x, &w, &bias], &g)?;
+    assert_eq!(dims, [b, t, d_out]);
+    let (_, two_ops) = output_and_grads(
+        &|x, w, b| gelu_tanh(&fused_linear(x, w, Some(b))?),
+        [&x, &w, &bias],
+        &g,
+    )?;
     for (i, what) in ["y", "dx", "dw", "db"].iter().enumerate() {
         assert_eq!(one_op[i], two_ops[i], "{what}");
     }
@@ -554,34 +560,20 @@ fn the_one_op_projection_and_attention_give_the_bits_of_the_two_ops() -> Result<
     let bias = values(&[3 * c], DType::F32, 2.3)?;
     let g = values(&[b, t, c], DType::F32, 0.7)?;
     let scale = 1.0 / ((c / h) as f64).sqrt();
-    let bits = |t: &Tensor| -> Result<Vec<u32>> {
-        Ok(t.flatten_all()?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(f32::to_bits)
-            .collect())
-    };
-    type Op<'a> = &'a dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
-    let run = |op: Op| -> Result<Vec<Vec<u32>>> {
-        let (xv, wv, bv) = (
-            Var::from_tensor(&x)?,
-            Var::from_tensor(&w)?,
-            Var::from_tensor(&bias)?,
-        );
-        let y = op(xv.as_tensor(), wv.as_tensor(), bv.as_tensor())?;
-        assert_eq!(y.dims(), &[b, t, c]);
-        let grads = (&y * &g)?.sum_all()?.backward()?;
-        let mut out = vec![bits(&y)?];
-        for v in [&xv, &wv, &bv] {
-            out.push(bits(grads.get(v.as_tensor()).expect("gradient"))?);
-        }
-        Ok(out)
-    };
     for rope in [None, Some(rope_tables(t, c / h))] {
-        let one_op = run(&|x, w, b| fused_qkv_attention(x, w, b, h, scale, rope.clone()))?;
-        let two_ops = run(&|x, w, b| {
-            fused_causal_attention(&fused_linear(x, w, Some(b))?, h, scale, rope.clone())
-        })?;
+        let (dims, one_op) = output_and_grads(
+            &|x, w, b| fused_qkv_attention(x, w, b, h, scale, rope.clone()),
+            [&x, &w, &bias],
+            &g,
+        )?;
+        assert_eq!(dims, [b, t, c]);
+        let (_, two_ops) = output_and_grads(
+            &|x, w, b| {
+                fused_causal_attention(&fused_linear(x, w, Some(b))?, h, scale, rope.clone())
+            },
+            [&x, &w, &bias],
+            &g,
+        )?;
         for (i, what) in ["y", "dx", "dw", "db"].iter().enumerate() {
             assert_eq!(one_op[i], two_ops[i], "{what}, rope {}", rope.is_some());
         }
