@@ -8,6 +8,9 @@
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use std::sync::Arc;
 
+mod op_kit;
+use op_kit::{autograd, bits, check_gradient, max_abs_diff, output_and_grads, values};
+
 use trainer::kernels::attention::{fused_causal_attention, fused_qkv_attention, RopeTables};
 use trainer::kernels::bias::fused_add_bias;
 use trainer::kernels::gelu::fused_gelu_tanh;
@@ -16,17 +19,6 @@ use trainer::kernels::linear::{fused_linear, linear_gelu};
 use trainer::kernels::loss::fused_cross_entropy;
 use trainer::kernels::norm::fused_layer_norm;
 use trainer::kernels::softmax::fused_causal_softmax;
-
-/// Deterministic, non-trivial values in roughly [-2, 2].
-fn values(shape: &[usize], dtype: DType, phase: f64) -> Result<Tensor> {
-    let n: usize = shape.iter().product();
-    let j = Tensor::arange(0u32, n as u32, &Device::Cpu)?.to_dtype(DType::F64)?;
-    ((j * 0.61)? + phase)?
-        .sin()?
-        .affine(2.0, 0.0)?
-        .reshape(shape)?
-        .to_dtype(dtype)
-}
 
 /// The primitive-op version the fused softmax replaces.
 fn reference_causal_softmax(x: &Tensor, scale: f64) -> Result<Tensor> {
@@ -42,57 +34,6 @@ fn reference_causal_softmax(x: &Tensor, scale: f64) -> Result<Tensor> {
         .collect();
     let mask = Tensor::from_vec(mask, (t, t), x.device())?.to_dtype(x.dtype())?;
     candle_nn::ops::softmax(&(x * scale)?.broadcast_add(&mask)?, D::Minus1)
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
-    (a - b)?
-        .abs()?
-        .flatten_all()?
-        .max(0)?
-        .to_dtype(DType::F64)?
-        .to_scalar()
-}
-
-/// Central finite differences of sum(w ⊙ f(x)) for every entry of x, against autograd.
-fn check_gradient(f: impl Fn(&Tensor) -> Result<Tensor>, shape: &[usize]) -> Result<f64> {
-    let x = Var::from_tensor(&values(shape, DType::F64, 0.3)?)?;
-    // Weights on the output, which may be bigger than x (a bias or norm gain).
-    let w = values(f(x.as_tensor())?.dims(), DType::F64, 1.7)?;
-    let objective = |x: &Tensor| -> Result<f64> { (f(x)? * &w)?.sum_all()?.to_scalar() };
-    let grads = objective_tensor(&f, x.as_tensor(), &w)?.backward()?;
-    let analytic: Vec<f64> = grads
-        .get(x.as_tensor())
-        .expect("x has a gradient")
-        .flatten_all()?
-        .to_vec1()?;
-    let base: Vec<f64> = x.as_tensor().flatten_all()?.to_vec1()?;
-    let h = 1e-6;
-    let mut worst: f64 = 0.0;
-    for i in 0..base.len() {
-        let mut bumped = base.clone();
-        bumped[i] = base[i] + h;
-        let plus = objective(&Tensor::from_vec(bumped.clone(), shape, &Device::Cpu)?)?;
-        bumped[i] = base[i] - h;
-        let minus = objective(&Tensor::from_vec(bumped, shape, &Device::Cpu)?)?;
-        let numeric = (plus - minus) / (2.0 * h);
-        worst = worst.max((numeric - analytic[i]).abs() / (1.0 + numeric.abs()));
-    }
-    Ok(worst)
-}
-
-fn objective_tensor(
-    f: &impl Fn(&Tensor) -> Result<Tensor>,
-    x: &Tensor,
-    w: &Tensor,
-) -> Result<Tensor> {
-    (f(x)? * w)?.sum_all()
-}
-
-/// Autograd gradient of sum(w ⊙ f(x)) with respect to x.
-fn autograd(f: impl Fn(&Tensor) -> Result<Tensor>, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let x = Var::from_tensor(x)?;
-    let grads = (f(x.as_tensor())? * w)?.sum_all()?.backward()?;
-    Ok(grads.get(x.as_tensor()).expect("x has a gradient").clone())
 }
 
 #[test]
@@ -414,43 +355,6 @@ fn the_fused_linear_matches_the_primitive_ops_with_and_without_bias() -> Result<
         }
     }
     Ok(())
-}
-
-/// The bits of an f32 tensor, for comparisons that must be exact.
-fn bits(t: &Tensor) -> Result<Vec<u32>> {
-    Ok(t.flatten_all()?
-        .to_vec1::<f32>()?
-        .into_iter()
-        .map(f32::to_bits)
-        .collect())
-}
-
-/// An op of (x, W, b).
-type Op3<'a> = &'a dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
-
-/// The dims and bits of `op(x, w, b)`, and the bits of the gradients of Σ op(..)·g with respect
-/// to x, w and b.
-fn output_and_grads(
-    op: Op3,
-    [x, w, b]: [&Tensor; 3],
-    g: &Tensor,
-) -> Result<(Vec<usize>, Vec<Vec<u32>>)> {
-    let vars = [
-        Var::from_tensor(x)?,
-        Var::from_tensor(w)?,
-        Var::from_tensor(b)?,
-    ];
-    let y = op(
-        vars[0].as_tensor(),
-        vars[1].as_tensor(),
-        vars[2].as_tensor(),
-    )?;
-    let grads = (&y * g)?.sum_all()?.backward()?;
-    let mut out = vec![bits(&y)?];
-    for v in &vars {
-        out.push(bits(grads.get(v.as_tensor()).expect("gradient"))?);
-    }
-    Ok((y.dims().to_vec(), out))
 }
 
 #[test]

@@ -86,7 +86,8 @@ impl CustomOp2 for AddBias {
 #[derive(Debug, Clone, Copy)]
 struct SumRows;
 
-fn column_sums<T: Real>(g: &[T], c: usize) -> Result<Vec<T>> {
+/// Column sums of g taken as rows of c values.
+pub(crate) fn column_sums<T: Real>(g: &[T], c: usize) -> Result<Vec<T>> {
     // Column blocks in parallel; each sums its columns over all rows, in row order.
     const BLOCK_COLS: usize = 64;
     let rows = g.len() / c.max(1);

@@ -88,7 +88,7 @@ pub fn fused_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Resul
 /// rows per thread (at least 16 rows each), each block one single-threaded GEMM (starting from
 /// the bias when there is one).
 fn product_by_row_blocks<T: Real>(
-    (rows, cols, k): (usize, usize, usize),
+    dims: (usize, usize, usize),
     lhs: &[T],
     lv: View,
     rhs: &[T],
@@ -97,23 +97,52 @@ fn product_by_row_blocks<T: Real>(
 ) -> Result<Vec<T>> {
     // Not zeroed: every block writes all of its rows (the GEMM overwrites when there is no
     // bias), and only through raw pointers, before `set_len` below.
-    let len = rows * cols;
+    let len = dims.0 * dims.1;
     let mut out = Vec::<T>::with_capacity(len);
-    let ptr = SharedMut(out.as_mut_ptr());
+    product_into(
+        dims,
+        (SharedMut(out.as_mut_ptr()), len, 0),
+        lhs,
+        lv,
+        rhs,
+        rv,
+        bias,
+    )?;
+    // SAFETY: `product_into` wrote all `cols` values of rows 0..rows.
+    unsafe { out.set_len(len) };
+    Ok(out)
+}
+
+/// `product_by_row_blocks` into a buffer `dst` = (pointer, length, offset): rows × cols values
+/// from the offset on, row stride cols, each written (never read) by exactly one block. The
+/// MoE experts' grouped op writes each expert's rows into one output this way.
+pub(crate) fn product_into<T: Real>(
+    (rows, cols, k): (usize, usize, usize),
+    (ptr, len, off): (SharedMut<T>, usize, usize),
+    lhs: &[T],
+    lv: View,
+    rhs: &[T],
+    rv: View,
+    bias: Option<&[T]>,
+) -> Result<()> {
+    if off + rows * cols > len {
+        bail!("linear: output rows past the buffer");
+    }
     let threads = candle_core::utils::get_num_threads().max(1);
     let blocks = threads.min(rows / 16).max(1);
     for_each_block(blocks, blocks * (rows / blocks) * cols * k, |i| {
         let (r0, r1) = (i * rows / blocks, (i + 1) * rows / blocks);
         if bias.is_none() && k == 0 {
             // An empty product is zero (and the `gemm` crate writes nothing for it).
-            // SAFETY: rows r0..r1 of the output belong to this block alone.
-            unsafe { std::ptr::write_bytes(ptr.ptr().add(r0 * cols), 0, (r1 - r0) * cols) };
+            // SAFETY: rows r0..r1 of the output lie inside the buffer (checked above) and
+            // belong to this block alone.
+            unsafe { std::ptr::write_bytes(ptr.ptr().add(off + r0 * cols), 0, (r1 - r0) * cols) };
         }
         gemm_bias_into(
             (r1 - r0, cols, k),
             ptr.ptr(),
             len,
-            View::rows(r0 * cols, cols),
+            View::rows(off + r0 * cols, cols),
             lhs,
             lv.skip_rows(r0),
             rhs,
@@ -122,10 +151,7 @@ fn product_by_row_blocks<T: Real>(
             false,
             bias,
         )
-    })?;
-    // SAFETY: the blocks cover rows 0..rows, and each wrote all `cols` values of its rows.
-    unsafe { out.set_len(len) };
-    Ok(out)
+    })
 }
 
 /// y (n, out) = x (n, in) · Wᵀ [+ b], W (out, in).
@@ -413,20 +439,22 @@ impl CustomOp3 for LinearGelu {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         // d(pre) = g · gelu'(pre), then the linear layer's backward from it.
         let g = grad.contiguous()?; // (.., out)
-        let dpre = g.apply_op1_no_bwd(&GeluGradOfStash {
-            pre: self.pre.clone(),
-        })?;
+        let dpre = g.apply_op1_no_bwd(&GeluGradOfStash::new(&self.pre))?;
         let (dx, dw) = input_and_weight_grads(&dpre, x, w)?;
         Ok((Some(dx), Some(dw), Some(sum_rows(&dpre)?)))
     }
 }
 
-/// g → g · gelu'(pre), with pre from the stash of the `LinearGelu` forward.
-struct GeluGradOfStash {
+/// g → g · gelu'(pre), with pre from the stash of the `LinearGelu` (or grouped) forward.
+pub(crate) struct GeluGradOfStash {
     pre: Stash,
 }
 
 impl GeluGradOfStash {
+    pub(crate) fn new(pre: &Stash) -> Self {
+        GeluGradOfStash { pre: pre.clone() }
+    }
+
     fn grad<T: Real>(&self, g: &[T]) -> Result<Vec<T>> {
         self.pre.with("linear-gelu", |pre: &[T]| {
             if pre.len() != g.len() {

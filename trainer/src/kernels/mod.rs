@@ -13,6 +13,7 @@
 //! | [`layer_norm`], [`rms_norm`] | normalise the last dim, scale (and shift) | LayerNorm with bias: one pass each way |
 //! | [`gelu_tanh`] | GPT-2's tanh-GELU | one pass each way, vectorised |
 //! | [`linear_gelu`] | tanh-GELU(x·Wᵀ + b), a GELU MLP's first layer | the linear's GEMMs and the GELU's passes in one graph node |
+//! | [`grouped_linear`] | each group of rows through its own linear layer (MoE experts), optionally GELU | one op for all experts: each group's GEMMs on its own rows, no narrow/cat gradient copies |
 //! | [`causal_softmax`] | softmax(scale·s + causal mask) | one pass each way |
 //! | [`CausalAttention`] | softmax(q·kᵀ/√hd + mask)·v per head, RoPE | packed q/k/v to merged heads in one op; with the q/k/v projection in the same op (`forward_projected`) |
 //! | [`cross_entropy`] | mean −log softmax(logits)[target] | one pass each way |
@@ -25,6 +26,7 @@
 //! independent blocks over candle's thread pool). `autocast` holds the matmul precision scope
 //! that the reference paths follow.
 
+pub mod adamw;
 pub mod attention;
 pub mod autocast;
 pub mod bias;
@@ -32,6 +34,7 @@ pub mod bias;
 pub mod cuda;
 pub mod gelu;
 mod gemm;
+pub mod grouped;
 pub mod linear;
 pub mod loss;
 pub mod norm;
@@ -50,6 +53,7 @@ use candle_core::{DType, Tensor};
 pub use attention::{CausalAttention, Rope};
 pub use bias::add_bias;
 pub use gelu::gelu_tanh;
+pub use grouped::grouped_linear;
 pub use linear::{linear, linear_gelu};
 pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};

@@ -57,6 +57,17 @@ impl Mlp {
         }
     }
 
+    /// (W_fc, b_fc, W_proj, b_proj) of a GELU MLP with biases and no adapters: the MLP is
+    /// c_proj(gelu(c_fc(x))) and nothing more, so MoE experts can run as grouped ops.
+    pub fn plain_gelu(&self) -> Option<[&Tensor; 4]> {
+        match (self.activation, self.c_fc.plain()?, self.c_proj.plain()?) {
+            (Activation::Gelu, (w_fc, Some(b_fc)), (w_proj, Some(b_proj))) => {
+                Some([w_fc, b_fc, w_proj, b_proj])
+            }
+            _ => None,
+        }
+    }
+
     /// (.., d) → (.., d). With an rng (training), adapters get their dropout.
     pub fn forward_t(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<Tensor> {
         let h = match self.activation {

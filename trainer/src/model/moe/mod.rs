@@ -168,18 +168,47 @@ impl MoeLayer {
         let tokens = Tensor::from_vec(plan.tokens.clone(), m, dev)?; // (M,)
         let slots = Tensor::from_vec(plan.slots.clone(), m, dev)?; // (M,)
         let xs = kernels::gather_rows(xf, &tokens)?; // (M, D), grouped by expert
-        let mut outs = Vec::with_capacity(self.experts.len());
-        let mut offset = 0;
-        for (expert, &count) in self.experts.iter().zip(&plan.kept) {
-            if count > 0 {
-                let xe = xs.narrow(0, offset, count)?;
-                outs.push(expert.forward_t(&xe, rng.as_deref_mut())?); // (count, D)
-                offset += count;
+        let ys = match self.grouped_weights(xf)? {
+            // All experts as one op per layer (see `kernels::grouped`).
+            Some([w_fc, b_fc, w_proj, b_proj]) => {
+                let h = kernels::grouped_linear(&xs, &w_fc, &b_fc, &plan.kept, true)?; // (M, F)
+                kernels::grouped_linear(&h, &w_proj, &b_proj, &plan.kept, false)?
+                // (M, D)
             }
-        }
-        let ys = Tensor::cat(&outs, 0)?; // (M, D)
+            None => {
+                let mut outs = Vec::with_capacity(self.experts.len());
+                let mut offset = 0;
+                for (expert, &count) in self.experts.iter().zip(&plan.kept) {
+                    if count > 0 {
+                        let xe = xs.narrow(0, offset, count)?;
+                        outs.push(expert.forward_t(&xe, rng.as_deref_mut())?); // (count, D)
+                        offset += count;
+                    }
+                }
+                Tensor::cat(&outs, 0)? // (M, D)
+            }
+        };
         let g = kernels::gather_rows(&gates.reshape(((), 1))?, &slots)?; // (M, 1)
         kernels::add_rows(&y, &tokens, &ys.broadcast_mul(&g)?) // (N, D)
+    }
+
+    /// The experts' weights stacked (W_fc (E, F, D), b_fc (E, F), W_proj (E, D, F),
+    /// b_proj (E, D)) when the fused CPU ops run and every expert is a plain GELU MLP with
+    /// biases; None otherwise (the experts then run one at a time).
+    fn grouped_weights(&self, x: &Tensor) -> Result<Option<[Tensor; 4]>> {
+        if !kernels::use_fused(x) {
+            return Ok(None);
+        }
+        let Some(plain) = self
+            .experts
+            .iter()
+            .map(Mlp::plain_gelu)
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        let stack = |i: usize| Tensor::stack(&plain.iter().map(|p| p[i]).collect::<Vec<_>>(), 0);
+        Ok(Some([stack(0)?, stack(1)?, stack(2)?, stack(3)?]))
     }
 
     /// The weighted load-balancing and z losses (differentiable, scalar) and the layer's stats,
