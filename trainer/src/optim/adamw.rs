@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use candle_core::{Device, Result, Tensor};
 
+use crate::kernels::adamw;
+
 use super::{
     assign, grad_f32, load_buffers, load_step, state_map, zeros_like_f32, Optimizer, Param,
 };
@@ -29,7 +31,7 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(params: Vec<Param>, hp: AdamWParams) -> Result<Self> {
-        // Separate buffers for m and v: the CUDA kernel updates them in place.
+        // Separate buffers for m and v: the CUDA and CPU kernels update them in place.
         let zeros = || {
             params
                 .iter()
@@ -103,6 +105,20 @@ impl Optimizer for AdamW {
                 continue;
             };
             let g = grad_f32(g)?;
+            let w = p.var.as_tensor();
+            if adamw::available(w, &g, &self.m[i], &self.v[i]) {
+                // The same values, in place and in three passes (see `kernels::adamw`).
+                let k = adamw::AdamWStep {
+                    beta1,
+                    beta2,
+                    eps,
+                    lr_bc1: lr / bc1,
+                    inv_sqrt_bc2: 1.0 / bc2.sqrt(),
+                    shrink: (p.decay && weight_decay != 0.0).then_some(1.0 - lr * weight_decay),
+                };
+                adamw::update(w, &g, &self.m[i], &self.v[i], k)?;
+                continue;
+            }
             // m ← β1·m + (1-β1)·g ;  v ← β2·v + (1-β2)·g²
             let m = (self.m[i].affine(beta1, 0.0)? + g.affine(1.0 - beta1, 0.0)?)?;
             let v = (self.v[i].affine(beta2, 0.0)? + g.sqr()?.affine(1.0 - beta2, 0.0)?)?;
@@ -233,7 +249,9 @@ mod tests {
 
         let restored_param = Param {
             name: "w".into(),
-            var: Var::from_tensor(a.params()[0].var.as_tensor()).unwrap(),
+            // A copy: `from_tensor` of a variable would share its storage, which both
+            // optimizers then update in place.
+            var: Var::from_tensor(&a.params()[0].var.as_tensor().copy().unwrap()).unwrap(),
             decay: true,
         };
         let mut b = AdamW::new(vec![restored_param], hp()).unwrap();
@@ -243,5 +261,76 @@ mod tests {
         assert_eq!(values(&a.params()[0]), values(&b.params()[0]));
         assert_eq!(b.step_count(), 2);
         assert_eq!(state["m.w"].dtype(), DType::F32);
+    }
+
+    #[test]
+    fn the_in_place_cpu_update_gives_the_bits_of_the_tensor_op_formula() {
+        // 40,000 values: several parallel blocks; with and without decay, three steps.
+        let n = 40_000;
+        let wave = |phase: f64, scale: f64| -> Tensor {
+            let v: Vec<f32> = (0..n)
+                .map(|i| ((i as f64 * 0.37 + phase).sin() * scale) as f32)
+                .collect();
+            Tensor::from_vec(v, n, &Device::Cpu).unwrap()
+        };
+        for decay in [true, false] {
+            let param = Param {
+                name: "w".into(),
+                var: Var::from_tensor(&wave(0.1, 1.0)).unwrap(),
+                decay,
+            };
+            let mut opt = AdamW::new(vec![param], hp()).unwrap();
+            let (mut w, mut m, mut v) = (wave(0.1, 1.0), wave(0.0, 0.0), wave(0.0, 0.0));
+            let (
+                AdamWParams {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                },
+                lr,
+            ) = (hp(), 0.05);
+            for t in 1..=3 {
+                let g = wave(t as f64, 0.01 * t as f64);
+                opt.step(&[Some(g.clone())], lr).unwrap();
+                // The update as candle tensor ops (the path other devices and dtypes take).
+                let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+                m = (m.affine(beta1, 0.0).unwrap() + g.affine(1.0 - beta1, 0.0).unwrap()).unwrap();
+                let g2 = g.sqr().unwrap().affine(1.0 - beta2, 0.0).unwrap();
+                v = (v.affine(beta2, 0.0).unwrap() + g2).unwrap();
+                let denom = v.sqrt().unwrap().affine(1.0 / bc2.sqrt(), eps).unwrap();
+                let update = (m.affine(lr / bc1, 0.0).unwrap() / denom).unwrap();
+                if decay {
+                    w = w.affine(1.0 - lr * weight_decay, 0.0).unwrap();
+                }
+                w = (w - update).unwrap();
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    t.to_vec1::<f32>()
+                        .unwrap()
+                        .into_iter()
+                        .map(f32::to_bits)
+                        .collect()
+                };
+                assert_eq!(
+                    bits(opt.params()[0].var.as_tensor()),
+                    bits(&w),
+                    "w, step {t}"
+                );
+                assert_eq!(bits(&opt.m[0]), bits(&m), "m, step {t}");
+                assert_eq!(bits(&opt.v[0]), bits(&v), "v, step {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_saved_state_does_not_change_when_the_optimizer_steps_again() {
+        let mut opt = AdamW::new(vec![one_param(true)], hp()).unwrap();
+        let g = Tensor::new(&[0.5f32, 0.1], &Device::Cpu).unwrap();
+        opt.step(&[Some(g.clone())], 0.1).unwrap();
+        let state = opt.state().unwrap();
+        let saved = state["m.w"].to_vec1::<f32>().unwrap();
+        opt.step(&[Some(g)], 0.1).unwrap();
+        assert_eq!(state["m.w"].to_vec1::<f32>().unwrap(), saved);
+        assert_ne!(opt.m[0].to_vec1::<f32>().unwrap(), saved);
     }
 }

@@ -134,7 +134,9 @@ fn state_map(
     let mut out = HashMap::new();
     for (prefix, bufs) in buffers {
         for (p, b) in params.iter().zip(bufs.iter()) {
-            out.insert(format!("{prefix}.{}", p.name), b.clone());
+            // A copy: the optimizers update their buffers in place, and the state taken now
+            // must not change with the next step.
+            out.insert(format!("{prefix}.{}", p.name), b.copy()?);
         }
     }
     out.insert(
@@ -166,7 +168,9 @@ fn load_buffers(
                     p.var.dims()
                 );
             }
-            t.to_dtype(DType::F32)?.to_device(device)
+            // A copy, for the same reason as in `state_map`: the map must not change when the
+            // optimizer steps.
+            t.to_dtype(DType::F32)?.to_device(device)?.copy()
         })
         .collect()
 }
