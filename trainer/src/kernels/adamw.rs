@@ -50,7 +50,7 @@ pub fn update(w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, k: AdamWStep) -> R
 /// Elements per parallel block.
 const BLOCK: usize = 16 * 1024;
 
-/// dst[i] ← f(dst[i], a[i], b[i]) for every i, in parallel blocks (b may be empty: unused).
+/// dst[i] ← f(dst[i], a[i], b[i]) for every i, in parallel blocks.
 fn for_each_in_place(
     dst: &mut [f32],
     a: &[f32],
@@ -58,7 +58,7 @@ fn for_each_in_place(
     f: impl Fn(f32, f32, f32) -> f32 + Sync,
 ) -> Result<()> {
     let n = dst.len();
-    if a.len() != n || !(b.is_empty() || b.len() == n) {
+    if a.len() != n || b.len() != n {
         bail!("adamw: parameter, gradient and moments differ in size");
     }
     let out = SharedMut(dst.as_mut_ptr());
@@ -66,8 +66,7 @@ fn for_each_in_place(
         let (lo, hi) = (blk * BLOCK, n.min((blk + 1) * BLOCK));
         // SAFETY: elements lo..hi of dst belong to this block alone; dst outlives the loop.
         let d = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(lo), hi - lo) };
-        let bs = if b.is_empty() { &a[lo..hi] } else { &b[lo..hi] };
-        apply(d, &a[lo..hi], bs, &f);
+        apply(d, &a[lo..hi], &b[lo..hi], &f);
         Ok(())
     })
 }
@@ -119,17 +118,18 @@ impl InplaceOp2 for Moment {
     ) -> Result<()> {
         let name = InplaceOp2::name(self);
         let (moment, g) = (f32s_mut(s1, l1, name)?, f32s(s2, l2, name)?);
-        // As candle's `affine(mul, 0)` computes it: x·mul + 0, mul cast to f32 first.
+        // As candle's `affine(mul, 0)` computes it: x·mul + 0, mul cast to f32 first. The
+        // moments read one operand, g (given twice).
         match *self {
             Moment::First(beta) => {
                 let (keep, take) = (beta as f32, (1.0 - beta) as f32);
-                for_each_in_place(moment, g, &[], move |m, g, _| {
+                for_each_in_place(moment, g, g, move |m, g, _| {
                     (m * keep + 0.0) + (g * take + 0.0)
                 })
             }
             Moment::Second(beta) => {
                 let (keep, take) = (beta as f32, (1.0 - beta) as f32);
-                for_each_in_place(moment, g, &[], move |v, g, _| {
+                for_each_in_place(moment, g, g, move |v, g, _| {
                     (v * keep + 0.0) + ((g * g) * take + 0.0)
                 })
             }

@@ -16,7 +16,7 @@ use candle_core::{Tensor, D};
 
 use super::bias::column_sums;
 use super::gemm::View;
-use super::linear::{as_rows, product_into, GeluGradOfStash};
+use super::linear::{as_rows, gelu_keeping, product_into, GeluGradOfStash};
 use super::parallel::SharedMut;
 use super::real::{float_kernel, Real, Stash};
 
@@ -129,12 +129,10 @@ impl std::fmt::Debug for GroupedLinear {
 impl GroupedLinear {
     fn run<T: Real>(&self, x: &[T], w: &[T], b: &[T], d: [usize; 4]) -> Result<Vec<T>> {
         let y = forward(&self.counts, x, w, b, d)?;
-        if !self.gelu {
-            return Ok(y);
+        match self.gelu {
+            true => gelu_keeping(y, &self.pre),
+            false => Ok(y),
         }
-        let out = super::gelu::gelu_rows(&y)?;
-        self.pre.keep(y);
-        Ok(out)
     }
 }
 

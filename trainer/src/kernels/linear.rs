@@ -402,10 +402,7 @@ impl LinearGelu {
         b: &[T],
         dims: (usize, usize, usize),
     ) -> Result<Vec<T>> {
-        let pre = forward(x, w, Some(b), dims)?;
-        let y = super::gelu::gelu_rows(&pre)?;
-        self.pre.keep(pre);
-        Ok(y)
+        gelu_keeping(forward(x, w, Some(b), dims)?, &self.pre)
     }
 }
 
@@ -443,6 +440,13 @@ impl CustomOp3 for LinearGelu {
         let (dx, dw) = input_and_weight_grads(&dpre, x, w)?;
         Ok((Some(dx), Some(dw), Some(sum_rows(&dpre)?)))
     }
+}
+
+/// gelu(pre), keeping pre in `stash` for the backward (`GeluGradOfStash`).
+pub(crate) fn gelu_keeping<T: Real>(pre: Vec<T>, stash: &Stash) -> Result<Vec<T>> {
+    let y = super::gelu::gelu_rows(&pre)?;
+    stash.keep(pre);
+    Ok(y)
 }
 
 /// g → g · gelu'(pre), with pre from the stash of the `LinearGelu` (or grouped) forward.
