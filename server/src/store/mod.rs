@@ -126,8 +126,8 @@ pub struct StoredPoint {
     pub step: i64,
     pub value: f64,
     pub time: i64,
-    /// Monotonic per store; a client that saw `seq = n` has seen every point with a smaller seq
-    /// of that run.
+    /// Monotonic per run (numbered by the run, in commit order); a client that saw `seq = n`
+    /// has seen every point of that run with a smaller seq.
     pub seq: i64,
 }
 

@@ -87,16 +87,6 @@ impl Dialect {
             Dialect::Postgres => " COLLATE \"C\"",
         }
     }
-
-    /// A column reference the query planner must not use an index for. SQLite would otherwise
-    /// pick the (series, step) index for `points_since` and sort every point of a run by seq
-    /// for each page; Postgres plans that query well as it is.
-    pub fn unindexed(self, column: &str) -> String {
-        match self {
-            Dialect::Sqlite => format!("+{column}"),
-            Dialect::Postgres => column.to_string(),
-        }
-    }
 }
 
 /// A statement and its arguments, written once for both backends.

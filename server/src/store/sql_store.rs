@@ -22,7 +22,7 @@ mod run_data;
 mod runs;
 mod sweeps;
 
-pub(super) use metrics::{series_for, stored_values};
+pub(super) use metrics::{record_write, reserve_seqs, series_for, stored_values};
 
 /// The connections of one database.
 enum Backend {

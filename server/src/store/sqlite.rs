@@ -11,8 +11,8 @@ use sqlx::SqlitePool;
 
 use super::ingest::{self, Batch, SeriesMap};
 use super::sql::{Arg, Conn, Sql};
-use super::sql_store::{series_for, stored_values, SqlStore};
-use super::{common, Appended, StoreError, StoreResult};
+use super::sql_store::{record_write, reserve_seqs, series_for, stored_values, SqlStore};
+use super::{Appended, StoreError, StoreResult};
 
 /// Rows per multi-row INSERT (4 to 10 parameters each, well under SQLite's limit).
 const CHUNK: usize = 500;
@@ -99,11 +99,12 @@ impl Pools {
 /// Writes a batch in one transaction on the one write connection.
 ///
 /// Why a path of its own: there is only one writer, so when the probe finds none of the
-/// batch's points stored, the points can get their seqs here (the next ones in input order,
-/// as AUTOINCREMENT would give) and be inserted without `ON CONFLICT` or `RETURNING`, so no
-/// row per point travels back through sqlx's SQLite worker (SQLite ingest went from about
-/// 373,000 to 522,000 points/s: docs/benchmarks.md, store-perf step 5). Postgres cannot do
-/// this with concurrent writers. A re-sent or overlapping batch takes the upsert.
+/// batch's points stored, the points are inserted with the seqs reserved for them (the run's
+/// next ones, in input order) without `ON CONFLICT` or `RETURNING`, so no row per point travels
+/// back through sqlx's SQLite worker (SQLite ingest went from about 373,000 to 522,000
+/// points/s: docs/benchmarks.md, store-perf step 5). SQLite has no arrays to send a batch in
+/// one statement, as Postgres does (`postgres/writes.rs`). A re-sent or overlapping batch takes
+/// the upsert.
 pub async fn write_batch(store: &SqlStore, run_id: &str, batch: &Batch) -> StoreResult<Appended> {
     let mut tx = store.begin_write().await?;
     let result = write_in(&mut tx, run_id, batch).await;
@@ -111,9 +112,7 @@ pub async fn write_batch(store: &SqlStore, run_id: &str, batch: &Batch) -> Store
 }
 
 async fn write_in(tx: &mut Conn, run_id: &str, batch: &Batch) -> StoreResult<Appended> {
-    tx.fetch_optional(Sql::new("SELECT 1 FROM runs WHERE id = $1").bind(run_id))
-        .await?
-        .ok_or_else(|| common::not_found_run(run_id))?;
+    let base = reserve_seqs(tx, run_id, batch.points.len()).await?;
     if batch.points.is_empty() {
         return Ok(Appended::default());
     }
@@ -134,10 +133,14 @@ async fn write_in(tx: &mut Conn, run_id: &str, batch: &Batch) -> StoreResult<App
         }
     }
     let (outcome, earlier) = if clash {
-        upsert_points(tx, batch, &series).await?
+        upsert_points(tx, batch, &series, base).await?
     } else {
-        (insert_new(tx, batch, &series).await?, Default::default())
+        (
+            insert_new(tx, batch, &series, base).await?,
+            Default::default(),
+        )
     };
+    record_write(tx, run_id, &outcome.stored).await?;
     for u in &outcome.series {
         let update = Sql::new(
             "UPDATE metric_series SET count = count + $1, \
@@ -187,20 +190,14 @@ async fn write_in(tx: &mut Conn, run_id: &str, batch: &Batch) -> StoreResult<App
     })
 }
 
-/// Every point of the batch is new: each gets the next seq in input order (above every seq
-/// ever used, as AUTOINCREMENT would) and no row needs to come back.
+/// Every point of the batch is new: `batch.points[i]` gets seq `base + 1 + i` and no row
+/// needs to come back.
 async fn insert_new(
     tx: &mut Conn,
     batch: &Batch,
     series: &SeriesMap,
+    base: i64,
 ) -> StoreResult<ingest::Outcome> {
-    let base: i64 = tx
-        .fetch_one(Sql::new(
-            "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence \
-             WHERE name = 'metric_points'), 0), COALESCE((SELECT MAX(seq) FROM metric_points), 0))",
-        ))
-        .await?
-        .get(0)?;
     for (c, chunk) in batch.points.chunks(CHUNK).enumerate() {
         let first = base + 1 + (c * CHUNK) as i64;
         let mut insert =
@@ -234,16 +231,19 @@ async fn upsert_points(
     tx: &mut Conn,
     batch: &Batch,
     series: &SeriesMap,
+    base: i64,
 ) -> StoreResult<(ingest::Outcome, std::collections::HashMap<(i64, i64), f64>)> {
     let mut inserted = std::collections::HashMap::with_capacity(batch.points.len());
-    for chunk in batch.points.chunks(CHUNK) {
+    for (c, chunk) in batch.points.chunks(CHUNK).enumerate() {
+        let first = base + 1 + (c * CHUNK) as i64;
         let mut insert =
-            Sql::new("INSERT INTO metric_points (series_id, step, value, time) VALUES ");
+            Sql::new("INSERT INTO metric_points (seq, series_id, step, value, time) VALUES ");
         for (i, p) in chunk.iter().enumerate() {
             if i > 0 {
                 insert.push(", ");
             }
             insert.tuple::<Arg>([
+                (first + i as i64).into(),
                 series.id(&p.key).into(),
                 p.step.into(),
                 p.value.into(),

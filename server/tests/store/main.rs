@@ -12,6 +12,7 @@ mod kit;
 mod harness;
 
 mod access;
+mod catch_up;
 mod downsampling;
 mod experiments;
 mod full_disk;
@@ -66,6 +67,7 @@ both_backends!(
     metrics::concurrent_writers_to_one_run_store_every_point_exactly_once,
     metrics::the_latest_metric_is_the_highest_step_not_the_last_written,
     metrics::points_since_returns_later_points_in_seq_order,
+    catch_up::catching_up_from_any_position_returns_every_later_point_once_in_seq_order,
     metrics::bad_points_are_rejected_as_invalid_and_nothing_is_stored,
     metrics::the_extremes_of_each_runs_metrics_are_read_in_one_query,
     metrics::a_batch_mixing_new_and_stored_points_stores_only_the_new_ones,

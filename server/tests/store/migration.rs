@@ -107,3 +107,127 @@ async fn hex_experiment_ids_become_numbers_on_postgres() {
     }
     check(&db.url).await;
 }
+
+/// Two runs whose points were numbered by one sequence, interleaved.
+const OLD_POINTS: &str = "\
+    INSERT INTO runs (id, experiment_id, name, status, created_at) VALUES \
+      ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', '0', 'a', 'running', 1), \
+      ('bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb', '0', 'b', 'running', 2); \
+    INSERT INTO metric_series (id, run_id, key, count, last_step, last_value, last_time) VALUES \
+      (1, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', 'loss', 3, 2, 0.5, 102), \
+      (2, 'bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb', 'loss', 2, 1, 9.0, 201), \
+      (3, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', 'acc', 1, 0, 0.1, 100); \
+    INSERT INTO metric_points (seq, series_id, step, value, time) VALUES \
+      (10, 1, 0, 1.0, 100), (11, 3, 0, 0.1, 100), (12, 2, 0, 8.0, 200), \
+      (13, 1, 1, 0.7, 101), (14, 2, 1, 9.0, 201), (15, 1, 2, 0.5, 102);";
+
+/// After the migration to per-run seqs, the points stored before keep their seqs (a live
+/// client's position stays valid), and the run's next points are numbered above them.
+async fn check_points(url: &str) {
+    let store = trainyard::store::connect(url)
+        .await
+        .expect("migrated store");
+    let a = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let seqs = |points: &[trainyard::store::StoredPoint]| -> Vec<(String, i64, i64)> {
+        points
+            .iter()
+            .map(|p| (p.key.clone(), p.step, p.seq))
+            .collect()
+    };
+    let all = store.points_since(a, None, None, 100).await.expect("all");
+    let old = [
+        ("loss", 0, 10),
+        ("acc", 0, 11),
+        ("loss", 1, 13),
+        ("loss", 2, 15),
+    ];
+    let old: Vec<_> = old
+        .iter()
+        .map(|(k, s, q)| (k.to_string(), *s, *q))
+        .collect();
+    assert_eq!(seqs(&all), old);
+    let rest = store
+        .points_since(a, Some(11), None, 100)
+        .await
+        .expect("rest");
+    assert_eq!(seqs(&rest), old[2..]);
+    let stored = store
+        .append_points(
+            a,
+            &[
+                trainyard::store::MetricPoint {
+                    key: "loss".into(),
+                    step: 3,
+                    value: 0.4,
+                    time: Some(103),
+                },
+                trainyard::store::MetricPoint {
+                    key: "acc".into(),
+                    step: 3,
+                    value: 0.2,
+                    time: Some(103),
+                },
+            ],
+            0,
+        )
+        .await
+        .expect("append")
+        .stored;
+    assert!(
+        stored.iter().all(|p| p.seq > 15),
+        "new seqs follow the old ones"
+    );
+    let new = store
+        .points_since(a, Some(15), None, 100)
+        .await
+        .expect("new");
+    assert_eq!(new, stored);
+    let history = store
+        .metric_history(a, "loss", None, 100)
+        .await
+        .expect("history");
+    let steps: Vec<i64> = history.iter().map(|p| p.step).collect();
+    assert_eq!(steps, [0, 1, 2, 3]);
+    let b = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    let b_points = store.points_since(b, Some(12), None, 100).await.expect("b");
+    assert_eq!(seqs(&b_points), [("loss".to_string(), 1, 14)]);
+}
+
+#[tokio::test]
+async fn points_keep_their_seqs_through_the_per_run_numbering_on_sqlite() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite:{}?mode=rwc", dir.path().join("old.db").display());
+    let old = migrations_before("sqlite", "20270101000000");
+    {
+        let mut conn = sqlx::SqliteConnection::connect(&url)
+            .await
+            .expect("connect");
+        Migrator::new(old.path())
+            .await
+            .expect("old migrations")
+            .run(&mut conn)
+            .await
+            .expect("old schema");
+        conn.execute(OLD_POINTS).await.expect("old rows");
+        conn.close().await.expect("close");
+    }
+    check_points(&url).await;
+}
+
+#[tokio::test]
+async fn points_keep_their_seqs_through_the_per_run_numbering_on_postgres() {
+    let db = ScratchDb::create("trainyard_migration_test").await;
+    let old = migrations_before("postgres", "20270101000000");
+    {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+        Migrator::new(old.path())
+            .await
+            .expect("old migrations")
+            .run(&mut conn)
+            .await
+            .expect("old schema");
+        conn.execute(OLD_POINTS).await.expect("old rows");
+        conn.close().await.expect("close");
+    }
+    check_points(&db.url).await;
+}

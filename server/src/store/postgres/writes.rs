@@ -2,9 +2,9 @@
 //!
 //! Why a path of its own: its statements bind one array per column and read `UNNEST`, so a
 //! batch costs the same few round trips whatever its size; the common case (only new points
-//! of series whose ids are cached) is one auto-committed statement that locks the run, probes
-//! for stored points, inserts without a per-point `ON CONFLICT` check, and updates the series
-//! and rollups. Together that took Postgres ingest from about 250,000 to 380,000 points/s
+//! of series whose ids are cached) is one auto-committed statement that probes for stored
+//! points, reserves the points' seqs (which locks the run), inserts without a per-point
+//! `ON CONFLICT` check or `RETURNING`, records the write, and updates the series and rollups. Together that took Postgres ingest from about 250,000 to 380,000 points/s
 //! (docs/benchmarks.md, store-perf steps 3, 4 and 6). SQLite has neither arrays nor
 //! concurrent writers; its fast path is in `sqlite.rs`.
 
@@ -16,9 +16,8 @@ use sqlx::Row;
 use super::Pools;
 use crate::store::downsample;
 use crate::store::ingest::{self, Batch};
-use crate::store::sql::Sql;
-use crate::store::sql_store::{series_for, stored_values, SqlStore};
-use crate::store::{common, Appended, StoreResult};
+use crate::store::sql_store::{record_write, reserve_seqs, series_for, stored_values, SqlStore};
+use crate::store::{Appended, StoreResult};
 
 /// Writes a batch: the one-statement path when it applies, else the locked upsert.
 pub async fn write_batch(
@@ -159,10 +158,11 @@ impl Columns {
 type Inserted = (Option<Vec<i64>>, Option<Vec<i64>>, Option<Vec<i64>>);
 
 /// The common case in one round trip (two when the series ids are not cached): a batch of
-/// only new points for existing series. One statement checks the series ids, locks the run
-/// row, probes each series' step range of the batch for stored
-/// points (one index descent per series instead of an `ON CONFLICT` check per point), and,
-/// when there are none, inserts the points and applies the series and rollup changes.
+/// only new points for existing series. One statement checks the series ids, probes each
+/// series' step range of the batch for stored points (one index descent per series instead of
+/// an `ON CONFLICT` check per point), and, when there are none, reserves the points' seqs in
+/// the run row (locking it), inserts the points with them, records the write and applies the
+/// series and rollup changes.
 /// `None` (nothing written) when a series is missing, the run is unknown, or a point of the
 /// batch may already exist: `upsert_batch` handles those.
 async fn append_new(
@@ -195,26 +195,32 @@ async fn append_new(
     let columns = Columns::of(batch, &series);
     let (series_updates, rollups) = ingest::changes(batch, &series, |_, _| true);
     let ranges = ingest::step_ranges(batch, &series);
-    // One statement, so one transaction that commits before it returns. The run lock is
-    // taken before any point gets its seq (the guard is evaluated before the first row),
-    // so a run's seqs follow commit order. The probe reads the statement's snapshot: a
-    // writer that committed while this one waited for the lock is not seen, and should the
-    // two overlap, the plain insert fails on the unique index and changes nothing.
-    let guard = "(SELECT ok FROM run) AND NOT (SELECT found FROM clash)";
+    let first_step = ranges.iter().map(|r| r.1).min().unwrap_or(0);
+    let last_step = ranges.iter().map(|r| r.2).max().unwrap_or(0);
+    // One statement, so one transaction that commits before it returns. `run` reserves the
+    // points' seqs and takes the run's row lock before any point is inserted, so a run's
+    // seqs follow commit order. The probe reads the statement's snapshot: a writer that
+    // committed while this one waited for the lock is not seen, and should the two overlap,
+    // the plain insert fails on the unique index and changes nothing.
+    let guard = "EXISTS (SELECT 1 FROM run)";
     let sql = format!(
-        "WITH run AS MATERIALIZED (SELECT true AS ok FROM runs WHERE id = $5 \
-             AND (SELECT count(*) FROM metric_series WHERE run_id = $5 AND id = ANY($6::int8[])) \
-             = cardinality($6::int8[]) FOR UPDATE), \
-             clash AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM \
+        "WITH clash AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM \
              UNNEST($6::int8[], $7::int8[], $8::int8[]) AS r(sid, lo, hi) WHERE EXISTS \
              (SELECT 1 FROM metric_points p WHERE p.series_id = r.sid \
              AND p.step >= r.lo AND p.step <= r.hi)) AS found), \
-             ins AS (INSERT INTO metric_points (series_id, step, value, time) \
-             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) \
-             WHERE {guard} RETURNING seq, series_id, step), {} \
-             SELECT COALESCE({guard}, false), array_agg(seq), array_agg(series_id), \
-             array_agg(step) FROM ins",
-        changes_ctes(9, guard)
+             run AS MATERIALIZED (UPDATE runs SET point_seq = point_seq + cardinality($1::int8[]) \
+             WHERE id = $5 AND NOT (SELECT found FROM clash) AND (SELECT count(*) FROM \
+             metric_series WHERE run_id = $5 AND id = ANY($6::int8[])) = cardinality($6::int8[]) \
+             RETURNING point_seq - cardinality($1::int8[]) AS base), \
+             ins AS (INSERT INTO metric_points (series_id, step, value, time, seq) \
+             SELECT u.sid, u.step, u.value, u.time, run.base + u.ord FROM run, \
+             UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) WITH ORDINALITY \
+             AS u(sid, step, value, time, ord)), \
+             wr AS (INSERT INTO metric_writes (run_id, first_seq, last_seq, first_step, \
+             last_step, count) SELECT $5, base + 1, base + cardinality($1::int8[]), $9, $10, \
+             cardinality($1::int8[]) FROM run), {} \
+             SELECT (SELECT base FROM run)",
+        changes_ctes(11, guard)
     );
     let q = sqlx::query(&sql)
         .bind(&columns.sids)
@@ -224,7 +230,9 @@ async fn append_new(
         .bind(run_id)
         .bind(ranges.iter().map(|r| r.0).collect::<Vec<_>>())
         .bind(ranges.iter().map(|r| r.1).collect::<Vec<_>>())
-        .bind(ranges.iter().map(|r| r.2).collect::<Vec<_>>());
+        .bind(ranges.iter().map(|r| r.2).collect::<Vec<_>>())
+        .bind(first_step)
+        .bind(last_step);
     let row = match bind_changes(q, &series_updates, &rollups)
         .fetch_one(&mut *conn)
         .await
@@ -236,21 +244,15 @@ async fn append_new(
         }
         Err(e) => return Err(e.into()),
     };
-    if !row.try_get::<bool, _>(0)? {
+    let Some(base) = row.try_get::<Option<i64>, _>(0)? else {
         // The run is unknown, a cached id is stale, or points exist: start from scratch.
         pools.series_ids.forget(run_id);
         return Ok(None);
-    }
-    let (seqs, sids, steps): Inserted = (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
-    let seqs = seqs.unwrap_or_default();
+    };
+    let seqs: Vec<i64> = (1..=batch.points.len() as i64).map(|i| base + i).collect();
     // Every point was new: only repeats within the batch can conflict.
     let conflicts = ingest::conflicts(batch, &series, &HashMap::new());
-    // Rows usually come back in input order; then seqs pair up with points directly.
-    let stored = if sids.as_ref() == Some(&columns.sids) && steps.as_ref() == Some(&columns.steps) {
-        ingest::stored_in_order(batch, &seqs)
-    } else {
-        ingest::stored(batch, &series, &inserted_map(Some(seqs), sids, steps))
-    };
+    let stored = ingest::stored_in_order(batch, &seqs);
     Ok(Some(Appended { stored, conflicts }))
 }
 
@@ -265,17 +267,16 @@ async fn upsert_batch(
     // The row lock serializes writers of one run, so seq order is commit order. It is a
     // statement of its own: the statements after it take their snapshots once it is held,
     // so they see every series and point the previous holder committed.
-    tx.fetch_optional(Sql::new("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE").bind(run_id))
-        .await?
-        .ok_or_else(|| common::not_found_run(run_id))?;
+    let base = reserve_seqs(tx, run_id, batch.points.len()).await?;
     if batch.points.is_empty() {
         return Ok((Appended::default(), ingest::SeriesMap::default()));
     }
     let series = series_for(tx, run_id, &batch.keys).await?;
     let columns = Columns::of(batch, &series);
     let (seqs, sids, steps): Inserted = sqlx::query_as(
-        "WITH ins AS (INSERT INTO metric_points (series_id, step, value, time) \
-         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) \
+        "WITH ins AS (INSERT INTO metric_points (series_id, step, value, time, seq) \
+         SELECT u.sid, u.step, u.value, u.time, $5 + u.ord FROM UNNEST($1::int8[], \
+         $2::int8[], $3::float8[], $4::int8[]) WITH ORDINALITY AS u(sid, step, value, time, ord) \
          ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step) \
          SELECT array_agg(seq), array_agg(series_id), array_agg(step) FROM ins",
     )
@@ -283,10 +284,12 @@ async fn upsert_batch(
     .bind(&columns.steps)
     .bind(&columns.values)
     .bind(&columns.times)
+    .bind(base)
     .fetch_one(&mut *tx.postgres()?)
     .await?;
     let inserted = inserted_map(seqs, sids, steps);
     let outcome = ingest::summarize(batch, &series, &inserted);
+    record_write(tx, run_id, &outcome.stored).await?;
     let earlier = stored_values(tx, &ingest::not_inserted(batch, &series, &inserted)).await?;
     if !outcome.series.is_empty() {
         let sql = format!("WITH {} SELECT 1", changes_ctes(1, "true"));

@@ -505,9 +505,12 @@ impl Accounts for SqlStore {
     }
 
     async fn delete_run(&self, run_id: &str) -> StoreResult<()> {
-        // Every table that refers to a run does so with ON DELETE CASCADE.
-        let q = Sql::new("DELETE FROM runs WHERE id = $1").bind(run_id);
-        match self.write(q).await? {
+        // Points and rollups have no foreign key to their series on Postgres (it cost a
+        // trigger per row), so they go first; every other table that refers to a run does so
+        // with ON DELETE CASCADE.
+        let mut tx = self.begin_write().await?;
+        let deleted = delete_run_in(&mut tx, run_id).await;
+        match tx.finish(deleted).await? {
             0 => Err(common::not_found_run(run_id)),
             _ => Ok(()),
         }
@@ -530,4 +533,17 @@ impl Accounts for SqlStore {
     async fn list_audit(&self, query: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
         self.audit_entries(query).await
     }
+}
+
+/// Deletes a run with its points and rollups; the number of runs deleted.
+async fn delete_run_in(tx: &mut crate::store::sql::Conn, run_id: &str) -> StoreResult<u64> {
+    for table in ["metric_points", "metric_rollups"] {
+        let q = Sql::new(format!(
+            "DELETE FROM {table} WHERE series_id IN \
+             (SELECT id FROM metric_series WHERE run_id = $1)"
+        ));
+        tx.execute(q.bind(run_id)).await?;
+    }
+    let q = Sql::new("DELETE FROM runs WHERE id = $1").bind(run_id);
+    Ok(tx.execute(q).await?)
 }

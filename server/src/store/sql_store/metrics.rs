@@ -61,6 +61,102 @@ pub async fn stored_values(
     Ok(values)
 }
 
+/// Reserves `n` seqs of the run for the points a write is about to store, taking the run's row
+/// lock until the transaction ends (so a run's seqs follow commit order); the first reserved
+/// seq is the returned base + 1. A run that does not exist is not found.
+pub async fn reserve_seqs(tx: &mut Conn, run_id: &str, n: usize) -> StoreResult<i64> {
+    let reserve = Sql::new(
+        "UPDATE runs SET point_seq = point_seq + $1 WHERE id = $2 RETURNING point_seq - $1",
+    )
+    .bind(n as i64)
+    .bind(run_id);
+    let row = tx
+        .fetch_optional(reserve)
+        .await?
+        .ok_or_else(|| common::not_found_run(run_id))?;
+    Ok(row.get(0)?)
+}
+
+/// Records which seqs and steps a write stored, for live catch-up (`points_after`).
+pub async fn record_write(tx: &mut Conn, run_id: &str, stored: &[StoredPoint]) -> StoreResult<()> {
+    let Some(first) = stored.first() else {
+        return Ok(());
+    };
+    let (mut seqs, mut steps) = ((first.seq, first.seq), (first.step, first.step));
+    for p in stored {
+        seqs = (seqs.0.min(p.seq), seqs.1.max(p.seq));
+        steps = (steps.0.min(p.step), steps.1.max(p.step));
+    }
+    let insert = Sql::new(
+        "INSERT INTO metric_writes (run_id, first_seq, last_seq, first_step, last_step, count) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    );
+    tx.execute(
+        insert
+            .bind(run_id)
+            .bind(seqs.0)
+            .bind(seqs.1)
+            .bind(steps.0)
+            .bind(steps.1)
+            .bind(stored.len() as i64),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A run's write as `metric_writes` records it.
+#[derive(Clone, Copy)]
+struct Write {
+    last_seq: i64,
+    first_step: i64,
+    last_step: i64,
+    count: i64,
+}
+
+/// Writes read per catch-up page.
+const WRITES_PAGE: i64 = 256;
+
+/// The run's writes that may hold seqs above `after`, in seq order: the one whose range holds
+/// `after` (ranges never overlap, so it is the last to start at or below it) and those after.
+async fn writes_from(conn: &mut Conn, run_id: &str, after: i64) -> StoreResult<Vec<Write>> {
+    let select = Sql::new(
+        "SELECT last_seq, first_step, last_step, count FROM metric_writes \
+         WHERE run_id = $1 AND last_seq > $2 AND first_seq >= COALESCE((SELECT MAX(first_seq) \
+         FROM metric_writes WHERE run_id = $1 AND first_seq <= $2), $2) \
+         ORDER BY first_seq LIMIT $3",
+    )
+    .bind(run_id)
+    .bind(after)
+    .bind(WRITES_PAGE);
+    let rows = conn.fetch_all(select).await?;
+    let write = |r: &Row| -> Result<Write, sqlx::Error> {
+        Ok(Write {
+            last_seq: r.get(0)?,
+            first_step: r.get(1)?,
+            last_step: r.get(2)?,
+            count: r.get(3)?,
+        })
+    };
+    Ok(rows.iter().map(write).collect::<Result<_, _>>()?)
+}
+
+/// The first writes of `writes` that hold at least `wanted` points (all when they hold fewer),
+/// merged into one: their last seq and the step range they touched. `None` when there are none.
+fn take_writes(writes: &[Write], wanted: usize) -> Option<Write> {
+    let first = writes.first()?;
+    let mut taken = *first;
+    for w in &writes[1..] {
+        if taken.count >= wanted as i64 {
+            break;
+        }
+        taken.last_seq = w.last_seq;
+        taken.first_step = taken.first_step.min(w.first_step);
+        taken.last_step = taken.last_step.max(w.last_step);
+        taken.count += w.count;
+    }
+    Some(taken)
+}
+
 fn agg(r: &Row) -> Result<Agg, sqlx::Error> {
     let extreme = |i: usize| -> Result<Extreme, sqlx::Error> {
         Ok(Extreme {
@@ -233,32 +329,46 @@ impl SqlStore {
             .iter()
             .map(|r| Ok((r.get::<i64>(0)?, r.get::<String>(1)?)))
             .collect::<Result<HashMap<_, _>, sqlx::Error>>()?;
-        if keys.is_empty() {
-            return Ok(Vec::new());
+        let mut out = Vec::new();
+        if keys.is_empty() || limit == 0 {
+            return Ok(out);
         }
-        // Series ids first: the points scan then walks `seq` order without a join.
-        let mut select = Sql::new(
-            "SELECT series_id, step, value, time, seq FROM metric_points WHERE seq > $1 \
-             AND step > $2 AND ",
-        )
-        .bind(after_seq.unwrap_or(0))
-        .bind(after_step.unwrap_or(-1));
-        select.push(&self.dialect().unindexed("series_id"));
-        select.push(" IN ").tuple(keys.keys().copied());
-        select.push(" ORDER BY seq LIMIT ").arg(limit as i64);
-        let rows = conn.fetch_all(select).await?;
-        rows.iter()
-            .map(|r| {
+        let mut after = after_seq.unwrap_or(0);
+        // Writes in seq order, a page at a time: their seq ranges do not overlap, so the points
+        // with seqs up to the last taken write's all lie in the taken writes' step range.
+        loop {
+            let writes = writes_from(&mut conn, run_id, after).await?;
+            let Some(taken) = take_writes(&writes, limit - out.len()) else {
+                return Ok(out);
+            };
+            let mut select = Sql::new(
+                "SELECT series_id, step, value, time, seq FROM metric_points \
+                 WHERE seq > $1 AND seq <= $2 AND step >= $3 AND step <= $4 AND step > $5 \
+                 AND series_id IN ",
+            )
+            .bind(after)
+            .bind(taken.last_seq)
+            .bind(taken.first_step)
+            .bind(taken.last_step)
+            .bind(after_step.unwrap_or(-1));
+            select.tuple(keys.keys().copied());
+            select.push(" ORDER BY seq LIMIT ");
+            select.arg((limit - out.len()) as i64);
+            for r in conn.fetch_all(select).await? {
                 let sid: i64 = r.get(0)?;
-                Ok(StoredPoint {
+                out.push(StoredPoint {
                     key: keys.get(&sid).cloned().unwrap_or_default(),
                     step: r.get(1)?,
                     value: r.get(2)?,
                     time: r.get(3)?,
                     seq: r.get(4)?,
-                })
-            })
-            .collect()
+                });
+            }
+            if out.len() >= limit {
+                return Ok(out);
+            }
+            after = taken.last_seq;
+        }
     }
 
     pub(super) async fn history_of(
