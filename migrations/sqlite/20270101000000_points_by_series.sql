@@ -19,14 +19,16 @@ CREATE TABLE metric_writes (
     PRIMARY KEY (run_id, first_seq)
 ) WITHOUT ROWID;
 
--- The points stored so far: one row per run covering all of them.
+-- The points stored so far, as if written in blocks of 1,024 seqs: the blocks' seq ranges do
+-- not overlap, and each covers the steps written at the time, so catching up on a long run
+-- reads a page's worth of points per page, not the whole run.
 INSERT INTO metric_writes (run_id, first_seq, last_seq, first_step, last_step, count)
 SELECT s.run_id, MIN(p.seq), MAX(p.seq), MIN(p.step), MAX(p.step), COUNT(*)
 FROM metric_points p JOIN metric_series s ON s.id = p.series_id
-GROUP BY s.run_id;
+GROUP BY s.run_id, p.seq / 1024;
 
 UPDATE runs SET point_seq = COALESCE(
-    (SELECT w.last_seq FROM metric_writes w WHERE w.run_id = runs.id), 0);
+    (SELECT MAX(w.last_seq) FROM metric_writes w WHERE w.run_id = runs.id), 0);
 
 CREATE TABLE metric_points_by_series (
     series_id INTEGER NOT NULL REFERENCES metric_series(id) ON DELETE CASCADE,

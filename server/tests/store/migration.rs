@@ -108,7 +108,8 @@ async fn hex_experiment_ids_become_numbers_on_postgres() {
     check(&db.url).await;
 }
 
-/// Two runs whose points were numbered by one sequence, interleaved.
+/// Two runs whose points were numbered by one sequence, interleaved, across the migration's
+/// blocks of 1,024 seqs.
 const OLD_POINTS: &str = "\
     INSERT INTO runs (id, experiment_id, name, status, created_at) VALUES \
       ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', '0', 'a', 'running', 1), \
@@ -118,8 +119,8 @@ const OLD_POINTS: &str = "\
       (2, 'bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb', 'loss', 2, 1, 9.0, 201), \
       (3, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', 'acc', 1, 0, 0.1, 100); \
     INSERT INTO metric_points (seq, series_id, step, value, time) VALUES \
-      (10, 1, 0, 1.0, 100), (11, 3, 0, 0.1, 100), (12, 2, 0, 8.0, 200), \
-      (13, 1, 1, 0.7, 101), (14, 2, 1, 9.0, 201), (15, 1, 2, 0.5, 102);";
+      (1020, 1, 0, 1.0, 100), (1021, 3, 0, 0.1, 100), (1022, 2, 0, 8.0, 200), \
+      (1023, 1, 1, 0.7, 101), (1024, 2, 1, 9.0, 201), (1025, 1, 2, 0.5, 102);";
 
 /// After the migration to per-run seqs, the points stored before keep their seqs (a live
 /// client's position stays valid), and the run's next points are numbered above them.
@@ -136,10 +137,10 @@ async fn check_points(url: &str) {
     };
     let all = store.points_since(a, None, None, 100).await.expect("all");
     let old = [
-        ("loss", 0, 10),
-        ("acc", 0, 11),
-        ("loss", 1, 13),
-        ("loss", 2, 15),
+        ("loss", 0, 1020),
+        ("acc", 0, 1021),
+        ("loss", 1, 1023),
+        ("loss", 2, 1025),
     ];
     let old: Vec<_> = old
         .iter()
@@ -147,7 +148,7 @@ async fn check_points(url: &str) {
         .collect();
     assert_eq!(seqs(&all), old);
     let rest = store
-        .points_since(a, Some(11), None, 100)
+        .points_since(a, Some(1021), None, 100)
         .await
         .expect("rest");
     assert_eq!(seqs(&rest), old[2..]);
@@ -174,11 +175,11 @@ async fn check_points(url: &str) {
         .expect("append")
         .stored;
     assert!(
-        stored.iter().all(|p| p.seq > 15),
+        stored.iter().all(|p| p.seq > 1025),
         "new seqs follow the old ones"
     );
     let new = store
-        .points_since(a, Some(15), None, 100)
+        .points_since(a, Some(1025), None, 100)
         .await
         .expect("new");
     assert_eq!(new, stored);
@@ -189,8 +190,11 @@ async fn check_points(url: &str) {
     let steps: Vec<i64> = history.iter().map(|p| p.step).collect();
     assert_eq!(steps, [0, 1, 2, 3]);
     let b = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
-    let b_points = store.points_since(b, Some(12), None, 100).await.expect("b");
-    assert_eq!(seqs(&b_points), [("loss".to_string(), 1, 14)]);
+    let b_points = store
+        .points_since(b, Some(1022), None, 100)
+        .await
+        .expect("b");
+    assert_eq!(seqs(&b_points), [("loss".to_string(), 1, 1024)]);
 }
 
 #[tokio::test]
