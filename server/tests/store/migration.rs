@@ -69,42 +69,41 @@ async fn check(url: &str) {
     assert_eq!(next.id, "3");
 }
 
+/// A SQLite database (a file in `dir`) at the schema before `first_excluded`, holding `rows`;
+/// its URL.
+async fn old_sqlite(dir: &tempfile::TempDir, first_excluded: &str, rows: &str) -> String {
+    let url = format!("sqlite:{}?mode=rwc", dir.path().join("old.db").display());
+    let old = migrations_before("sqlite", first_excluded);
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    let migrator = Migrator::new(old.path()).await.expect("old migrations");
+    migrator.run(&mut conn).await.expect("old schema");
+    conn.execute(rows).await.expect("old rows");
+    conn.close().await.expect("close");
+    url
+}
+
+/// Brings an empty Postgres database to the schema before `first_excluded` and adds `rows`.
+async fn old_postgres(url: &str, first_excluded: &str, rows: &str) {
+    let old = migrations_before("postgres", first_excluded);
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    let migrator = Migrator::new(old.path()).await.expect("old migrations");
+    migrator.run(&mut conn).await.expect("old schema");
+    conn.execute(rows).await.expect("old rows");
+    conn.close().await.expect("close");
+}
+
 #[tokio::test]
 async fn hex_experiment_ids_become_numbers_on_sqlite() {
     let dir = tempfile::tempdir().expect("dir");
-    let url = format!("sqlite:{}?mode=rwc", dir.path().join("old.db").display());
-    let old = migrations_before("sqlite", "20261220000000");
-    {
-        let mut conn = sqlx::SqliteConnection::connect(&url)
-            .await
-            .expect("connect");
-        Migrator::new(old.path())
-            .await
-            .expect("old migrations")
-            .run(&mut conn)
-            .await
-            .expect("old schema");
-        conn.execute(OLD_ROWS).await.expect("old rows");
-        conn.close().await.expect("close");
-    }
-    check(&url).await;
+    check(&old_sqlite(&dir, "20261220000000", OLD_ROWS).await).await;
 }
 
 #[tokio::test]
 async fn hex_experiment_ids_become_numbers_on_postgres() {
     let db = ScratchDb::create("trainyard_migration_test").await;
-    let old = migrations_before("postgres", "20261220000000");
-    {
-        let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
-        Migrator::new(old.path())
-            .await
-            .expect("old migrations")
-            .run(&mut conn)
-            .await
-            .expect("old schema");
-        conn.execute(OLD_ROWS).await.expect("old rows");
-        conn.close().await.expect("close");
-    }
+    old_postgres(&db.url, "20261220000000", OLD_ROWS).await;
     check(&db.url).await;
 }
 
@@ -200,38 +199,12 @@ async fn check_points(url: &str) {
 #[tokio::test]
 async fn points_keep_their_seqs_through_the_per_run_numbering_on_sqlite() {
     let dir = tempfile::tempdir().expect("dir");
-    let url = format!("sqlite:{}?mode=rwc", dir.path().join("old.db").display());
-    let old = migrations_before("sqlite", "20270101000000");
-    {
-        let mut conn = sqlx::SqliteConnection::connect(&url)
-            .await
-            .expect("connect");
-        Migrator::new(old.path())
-            .await
-            .expect("old migrations")
-            .run(&mut conn)
-            .await
-            .expect("old schema");
-        conn.execute(OLD_POINTS).await.expect("old rows");
-        conn.close().await.expect("close");
-    }
-    check_points(&url).await;
+    check_points(&old_sqlite(&dir, "20270101000000", OLD_POINTS).await).await;
 }
 
 #[tokio::test]
 async fn points_keep_their_seqs_through_the_per_run_numbering_on_postgres() {
     let db = ScratchDb::create("trainyard_migration_test").await;
-    let old = migrations_before("postgres", "20270101000000");
-    {
-        let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
-        Migrator::new(old.path())
-            .await
-            .expect("old migrations")
-            .run(&mut conn)
-            .await
-            .expect("old schema");
-        conn.execute(OLD_POINTS).await.expect("old rows");
-        conn.close().await.expect("close");
-    }
+    old_postgres(&db.url, "20270101000000", OLD_POINTS).await;
     check_points(&db.url).await;
 }
