@@ -9,24 +9,8 @@ use candle_core::{DType, Device, Result, Tensor, Var};
 use trainer::config::Precision;
 use trainer::kernels::{self, autocast, CausalAttention, Rope};
 
-/// Deterministic, non-trivial values in roughly [-2, 2].
-fn values(shape: &[usize], dtype: DType, phase: f64) -> Result<Tensor> {
-    let n: usize = shape.iter().product();
-    let j = Tensor::arange(0u32, n as u32, &Device::Cpu)?.to_dtype(DType::F64)?;
-    ((j * 0.61)? + phase)?
-        .sin()?
-        .affine(2.0, 0.0)?
-        .reshape(shape)?
-        .to_dtype(dtype)
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
-    (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?
-        .abs()?
-        .flatten_all()?
-        .max(0)?
-        .to_scalar()
-}
+mod op_kit;
+use op_kit::{max_abs_diff, values};
 
 /// f(x) and the gradient of sum(w ⊙ f(x)) with respect to x, with a fixed weighting w.
 fn value_and_gradient(

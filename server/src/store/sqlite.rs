@@ -198,22 +198,7 @@ async fn insert_new(
     series: &SeriesMap,
     base: i64,
 ) -> StoreResult<ingest::Outcome> {
-    for (c, chunk) in batch.points.chunks(CHUNK).enumerate() {
-        let first = base + 1 + (c * CHUNK) as i64;
-        let mut insert =
-            Sql::new("INSERT INTO metric_points (seq, series_id, step, value, time) VALUES ");
-        for (i, p) in chunk.iter().enumerate() {
-            if i > 0 {
-                insert.push(", ");
-            }
-            insert.tuple::<Arg>([
-                (first + i as i64).into(),
-                series.id(&p.key).into(),
-                p.step.into(),
-                p.value.into(),
-                p.time.into(),
-            ]);
-        }
+    for insert in point_inserts(batch, series, base) {
         tx.execute(insert).await?;
     }
     let seqs: Vec<i64> = (1..=batch.points.len() as i64).map(|i| base + i).collect();
@@ -234,22 +219,7 @@ async fn upsert_points(
     base: i64,
 ) -> StoreResult<(ingest::Outcome, std::collections::HashMap<(i64, i64), f64>)> {
     let mut inserted = std::collections::HashMap::with_capacity(batch.points.len());
-    for (c, chunk) in batch.points.chunks(CHUNK).enumerate() {
-        let first = base + 1 + (c * CHUNK) as i64;
-        let mut insert =
-            Sql::new("INSERT INTO metric_points (seq, series_id, step, value, time) VALUES ");
-        for (i, p) in chunk.iter().enumerate() {
-            if i > 0 {
-                insert.push(", ");
-            }
-            insert.tuple::<Arg>([
-                (first + i as i64).into(),
-                series.id(&p.key).into(),
-                p.step.into(),
-                p.value.into(),
-                p.time.into(),
-            ]);
-        }
+    for mut insert in point_inserts(batch, series, base) {
         insert.push(" ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step");
         for row in tx.fetch_all(insert).await? {
             inserted.insert((row.get::<i64>(1)?, row.get::<i64>(2)?), row.get::<i64>(0)?);
@@ -257,4 +227,35 @@ async fn upsert_points(
     }
     let earlier = stored_values(tx, &ingest::not_inserted(batch, series, &inserted)).await?;
     Ok((ingest::summarize(batch, series, &inserted), earlier))
+}
+
+/// Multi-row INSERTs of the batch's points, `CHUNK` rows each, `batch.points[i]` with seq
+/// `base + 1 + i`.
+fn point_inserts<'a>(
+    batch: &'a Batch,
+    series: &'a SeriesMap,
+    base: i64,
+) -> impl Iterator<Item = Sql> + 'a {
+    batch
+        .points
+        .chunks(CHUNK)
+        .enumerate()
+        .map(move |(c, chunk)| {
+            let first = base + 1 + (c * CHUNK) as i64;
+            let mut insert =
+                Sql::new("INSERT INTO metric_points (seq, series_id, step, value, time) VALUES ");
+            for (i, p) in chunk.iter().enumerate() {
+                if i > 0 {
+                    insert.push(", ");
+                }
+                insert.tuple::<Arg>([
+                    (first + i as i64).into(),
+                    series.id(&p.key).into(),
+                    p.step.into(),
+                    p.value.into(),
+                    p.time.into(),
+                ]);
+            }
+            insert
+        })
 }

@@ -16,12 +16,12 @@ pub fn values(shape: &[usize], dtype: DType, phase: f64) -> Result<Tensor> {
         .to_dtype(dtype)
 }
 
+/// max |a − b|, taken in f64 (so tensors of different dtypes compare).
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
-    (a - b)?
+    (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?
         .abs()?
         .flatten_all()?
         .max(0)?
-        .to_dtype(DType::F64)?
         .to_scalar()
 }
 
