@@ -81,7 +81,7 @@ fn thread_count_with(requested: usize, share: Option<&str>) -> usize {
 
 /// candle reads this when its element-wise thread pool starts; a user's own setting wins.
 const SPIN_LIMIT_VAR: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
-const SPIN_LIMIT: u32 = 200;
+const SPIN_LIMIT: u32 = 2_000;
 
 /// Makes candle's CPU kernels use exactly `threads` threads. candle sizes its matmul
 /// parallelism from `RAYON_NUM_THREADS` on every call and runs its kernels on rayon's global
@@ -95,8 +95,11 @@ pub fn configure_threads(requested: usize) -> usize {
     std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
     // candle's element-wise pool spins 25,000 rounds after each op before parking; with as
     // many workers as cores that spinning steals the cores the next GEMM or the rest of the
-    // machine needs (a 2-thread step ran 1.5-2x slower with another process busy). A short
-    // spin keeps the back-to-back ops of one step fast and parks soon after.
+    // machine needs (a 2-thread step ran 1.5-2x slower with another process busy). 2,000
+    // rounds (about 80 us on an Intel Xeon, whose `pause` takes ~140 cycles; less on AMD)
+    // bridge the gaps between the back-to-back ops of one step, where 200 parked the worker
+    // between ops and woke it through the kernel again (+5-7 % on that Xeon, quiet), and
+    // still park soon after (one busy process beside it: -8 % against 200, -17 % at 20,000).
     if std::env::var_os(SPIN_LIMIT_VAR).is_none() {
         std::env::set_var(SPIN_LIMIT_VAR, SPIN_LIMIT.to_string());
     }
