@@ -181,14 +181,7 @@ unsafe fn pack_b(b: Operand, pc: usize, kc: usize, jc: usize, nc: usize, out: &m
             let stride = _mm512_set1_epi32(b.cs as i32);
             let idx0 = _mm512_mullo_epi32(lane, stride);
             let idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(16 * b.cs as i32));
-            let m0: __mmask16 = if cols >= 16 { 0xffff } else { ((1u32 << cols) - 1) as u16 };
-            let m1: __mmask16 = if cols >= 32 {
-                0xffff
-            } else if cols > 16 {
-                ((1u32 << (cols - 16)) - 1) as u16
-            } else {
-                0
-            };
+            let (m0, m1) = lane_masks(cols);
             let col0 = b.ptr.add(pc + (jc + jr) * b.cs);
             let zero = _mm512_setzero_ps();
             for p in 0..kc {
@@ -251,6 +244,20 @@ unsafe fn pack_a(a: Operand, ic: usize, mc: usize, pc: usize, kc: usize, out: &m
     }
 }
 
+/// The lanes of a panel row's two 16-lane halves that hold one of its first `cols` (≤ NR)
+/// columns.
+#[cfg(target_arch = "x86_64")]
+fn lane_masks(cols: usize) -> (__mmask16, __mmask16) {
+    let first = |n: usize| -> __mmask16 {
+        if n >= 16 {
+            0xffff
+        } else {
+            ((1u32 << n) - 1) as u16
+        }
+    };
+    (first(cols), first(cols.saturating_sub(16)))
+}
+
 /// Where a microkernel writes its tile: C rows × cols (≤ MR × NR) at `c`, row stride `ldc`,
 /// as [C +] beta · product.
 #[derive(Clone, Copy)]
@@ -298,18 +305,7 @@ unsafe fn kernel_body(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, bp: *c
     }
     let beta_v = _mm512_set1_ps(t.beta);
     let cols = t.cols;
-    let m0: __mmask16 = if cols >= 16 {
-        0xffff
-    } else {
-        (1u32 << cols) as u16 - 1
-    };
-    let m1: __mmask16 = if cols >= 32 {
-        0xffff
-    } else if cols > 16 {
-        (1u32 << (cols - 16)) as u16 - 1
-    } else {
-        0
-    };
+    let (m0, m1) = lane_masks(cols);
     let bias = if t.bias.is_null() {
         [_mm512_setzero_ps(); 2]
     } else {
