@@ -96,10 +96,11 @@ pub fn configure_threads(requested: usize) -> usize {
     // candle's element-wise pool spins 25,000 rounds after each op before parking; with as
     // many workers as cores that spinning steals the cores the next GEMM or the rest of the
     // machine needs (a 2-thread step ran 1.5-2x slower with another process busy). 2,000
-    // rounds (about 80 us on an Intel Xeon, whose `pause` takes ~140 cycles; less on AMD)
-    // bridge the gaps between the back-to-back ops of one step, where 200 parked the worker
-    // between ops and woke it through the kernel again (+5-7 % on that Xeon, quiet), and
-    // still park soon after (one busy process beside it: -8 % against 200, -17 % at 20,000).
+    // rounds (tens of microseconds: Intel documents `pause` at about 140 cycles since
+    // Skylake; AMD's is shorter) bridge the gaps between the back-to-back ops of one step,
+    // where 200 parked the worker between ops and woke it through the kernel again (+5-7 % on
+    // an Intel Xeon, quiet), and still park soon after (one busy process beside it: -8 %
+    // against 200, -17 % at 20,000).
     if std::env::var_os(SPIN_LIMIT_VAR).is_none() {
         std::env::set_var(SPIN_LIMIT_VAR, SPIN_LIMIT.to_string());
     }
