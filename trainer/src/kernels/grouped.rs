@@ -16,7 +16,7 @@ use candle_core::{Tensor, D};
 
 use super::bias::column_sums;
 use super::gemm::View;
-use super::linear::{as_rows, gelu_keeping, product_into, GeluGradOfStash};
+use super::linear::{as_rows, gelu_keeping, products_into, GeluGradOfStash, Product};
 use super::parallel::SharedMut;
 use super::real::{float_kernel, Real, Stash};
 
@@ -86,27 +86,25 @@ fn groups(counts: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_ 
     })
 }
 
-/// y (M, out) = x_e·W_eᵀ + b_e for every group.
+/// y (M, out) = x_e·W_eᵀ + b_e for every group, all groups in one parallel section.
 fn forward<T: Real>(counts: &[usize], x: &[T], w: &[T], b: &[T], d: [usize; 4]) -> Result<Vec<T>> {
     let [_, m, d_in, d_out] = d;
     let len = m * d_out;
+    let products: Vec<_> = groups(counts)
+        .filter(|g| g.2 > 0)
+        .map(|(e, row, c)| Product {
+            dims: (c, d_out, d_in),
+            off: row * d_out,
+            lhs: x,
+            lv: View::rows(row * d_in, d_in),
+            rhs: w,
+            rv: View::rows(e * d_out * d_in, d_in).transposed(), // W_eᵀ (in, out)
+            bias: Some(&b[e * d_out..(e + 1) * d_out]),
+        })
+        .collect();
     let mut out = Vec::<T>::with_capacity(len);
-    let dst = SharedMut(out.as_mut_ptr());
-    for (e, row, c) in groups(counts).filter(|g| g.2 > 0) {
-        let wt = View::rows(e * d_out * d_in, d_in).transposed(); // W_eᵀ (in, out)
-        let be = &b[e * d_out..(e + 1) * d_out];
-        let xe = View::rows(row * d_in, d_in);
-        product_into(
-            (c, d_out, d_in),
-            (dst, len, row * d_out),
-            x,
-            xe,
-            w,
-            wt,
-            Some(be),
-        )?;
-    }
-    // SAFETY: the groups cover rows 0..M, and `product_into` wrote every value of its rows.
+    products_into(&products, (SharedMut(out.as_mut_ptr()), len))?;
+    // SAFETY: the groups cover rows 0..M, and `products_into` wrote every value of their rows.
     unsafe { out.set_len(len) };
     Ok(out)
 }
@@ -186,16 +184,22 @@ impl Groups {
     /// dx (M, in) from g (M, out) and W (E, out, in).
     fn input<T: Real>(&self, g: &[T], w: &[T], d_in: usize, d_out: usize) -> Result<Vec<T>> {
         let len = g.len() / d_out * d_in;
+        let products: Vec<_> = groups(&self.0)
+            .filter(|g| g.2 > 0)
+            .map(|(e, row, c)| Product {
+                dims: (c, d_in, d_out),
+                off: row * d_in,
+                lhs: g,
+                lv: View::rows(row * d_out, d_out),
+                rhs: w,
+                rv: View::rows(e * d_out * d_in, d_in),
+                bias: None,
+            })
+            .collect();
         let mut out = Vec::<T>::with_capacity(len);
-        let dst = SharedMut(out.as_mut_ptr());
-        for (e, row, c) in groups(&self.0).filter(|g| g.2 > 0) {
-            let (ge, we) = (
-                View::rows(row * d_out, d_out),
-                View::rows(e * d_out * d_in, d_in),
-            );
-            product_into((c, d_in, d_out), (dst, len, row * d_in), g, ge, w, we, None)?;
-        }
-        // SAFETY: the groups cover rows 0..M, and `product_into` wrote every value of its rows.
+        products_into(&products, (SharedMut(out.as_mut_ptr()), len))?;
+        // SAFETY: the groups cover rows 0..M, and `products_into` wrote every value of their
+        // rows.
         unsafe { out.set_len(len) };
         Ok(out)
     }
@@ -205,17 +209,25 @@ impl Groups {
         let len = self.0.len() * d_out * d_in;
         let mut out = Vec::<T>::with_capacity(len);
         let dst = SharedMut(out.as_mut_ptr());
+        let mut products = Vec::with_capacity(self.0.len());
         for (e, row, c) in groups(&self.0) {
             let off = e * d_out * d_in;
             if c == 0 {
-                // SAFETY: dW_e's values lie inside `out`'s capacity and no block writes them.
+                // SAFETY: dW_e's values lie inside `out`'s capacity and no product writes them.
                 unsafe { std::ptr::write_bytes(dst.ptr().add(off), 0, d_out * d_in) };
                 continue;
             }
-            let gt = View::rows(row * d_out, d_out).transposed(); // g_eᵀ (out, c)
-            let xe = View::rows(row * d_in, d_in);
-            product_into((d_out, d_in, c), (dst, len, off), g, gt, x, xe, None)?;
+            products.push(Product {
+                dims: (d_out, d_in, c),
+                off,
+                lhs: g,
+                lv: View::rows(row * d_out, d_out).transposed(), // g_eᵀ (out, c)
+                rhs: x,
+                rv: View::rows(row * d_in, d_in),
+                bias: None,
+            });
         }
+        products_into(&products, (dst, len))?;
         // SAFETY: the groups cover 0..E, and each dW_e was written whole (zeros when empty).
         unsafe { out.set_len(len) };
         Ok(out)

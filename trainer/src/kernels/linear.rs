@@ -114,10 +114,9 @@ fn product_by_row_blocks<T: Real>(
 }
 
 /// `product_by_row_blocks` into a buffer `dst` = (pointer, length, offset): rows × cols values
-/// from the offset on, row stride cols, each written (never read) by exactly one block. The
-/// MoE experts' grouped op writes each expert's rows into one output this way.
+/// from the offset on, row stride cols, each written (never read) by exactly one block.
 pub(crate) fn product_into<T: Real>(
-    (rows, cols, k): (usize, usize, usize),
+    dims: (usize, usize, usize),
     (ptr, len, off): (SharedMut<T>, usize, usize),
     lhs: &[T],
     lv: View,
@@ -125,13 +124,64 @@ pub(crate) fn product_into<T: Real>(
     rv: View,
     bias: Option<&[T]>,
 ) -> Result<()> {
-    if off + rows * cols > len {
-        bail!("linear: output rows past the buffer");
-    }
+    let product = Product {
+        dims,
+        off,
+        lhs,
+        lv,
+        rhs,
+        rv,
+        bias,
+    };
+    products_into(&[product], (ptr, len))
+}
+
+/// One product of `products_into`: rows × cols values at `off` of the output (row stride
+/// cols) = lhs (rows, k) · rhs (k, cols) [+ bias on every row].
+pub(crate) struct Product<'a, T> {
+    pub(crate) dims: (usize, usize, usize),
+    pub(crate) off: usize,
+    pub(crate) lhs: &'a [T],
+    pub(crate) lv: View,
+    pub(crate) rhs: &'a [T],
+    pub(crate) rv: View,
+    pub(crate) bias: Option<&'a [T]>,
+}
+
+/// Several products into disjoint regions of one buffer `dst` = (pointer, length), in one
+/// parallel section: each split into about one block of rows per thread (at least 16 rows
+/// each), every block one single-threaded GEMM that writes (never reads) its rows. The MoE
+/// experts' grouped op runs all experts' products this way: one section per expert left the
+/// threads waiting for each other at the end of every expert (with 8 experts, 48 sections per
+/// layer and step), where the pool's dynamic hand-out of blocks balances them across experts.
+/// A product's blocks are the same whether it runs alone or with others, so are its values.
+pub(crate) fn products_into<T: Real>(
+    products: &[Product<'_, T>],
+    (ptr, len): (SharedMut<T>, usize),
+) -> Result<()> {
     let threads = candle_core::utils::get_num_threads().max(1);
-    let blocks = threads.min(rows / 16).max(1);
-    for_each_block(blocks, blocks * (rows / blocks) * cols * k, |i| {
-        let (r0, r1) = (i * rows / blocks, (i + 1) * rows / blocks);
+    let mut blocks = Vec::new(); // (product, first row, end row)
+    let mut work = 0;
+    for (p, product) in products.iter().enumerate() {
+        let (rows, cols, k) = product.dims;
+        if product.off + rows * cols > len {
+            bail!("linear: output rows past the buffer");
+        }
+        let n = threads.min(rows / 16).max(1);
+        blocks.extend((0..n).map(|i| (p, i * rows / n, (i + 1) * rows / n)));
+        work += n * (rows / n) * cols * k;
+    }
+    for_each_block(blocks.len(), work, |b| {
+        let (p, r0, r1) = blocks[b];
+        let Product {
+            dims: (_, cols, k),
+            off,
+            lhs,
+            lv,
+            rhs,
+            rv,
+            bias,
+        } = products[p];
         if bias.is_none() && k == 0 {
             // An empty product is zero (and the `gemm` crate writes nothing for it).
             // SAFETY: rows r0..r1 of the output lie inside the buffer (checked above) and
