@@ -93,15 +93,21 @@ pub(crate) fn column_sums<T: Real>(g: &[T], c: usize) -> Result<Vec<T>> {
     let rows = g.len() / c.max(1);
     let work = c.div_ceil(BLOCK_COLS) * BLOCK_COLS * rows;
     let acc = filled_by_chunks(c, BLOCK_COLS, work, |blk, out| {
-        let (c0, c1) = (blk * BLOCK_COLS, blk * BLOCK_COLS + out.len());
-        for row in g.chunks(c) {
-            for (a, &v) in out.iter_mut().zip(&row[c0..c1]) {
-                *a += v;
-            }
-        }
+        add_column_sums(g, c, blk * BLOCK_COLS, out);
         Ok(())
     })?;
     Ok(acc)
+}
+
+/// out += the sums over the rows of g (rows of c values) of columns c0..c0 + out.len(), each
+/// column summed in row order.
+pub(crate) fn add_column_sums<T: Real>(g: &[T], c: usize, c0: usize, out: &mut [T]) {
+    let c1 = c0 + out.len();
+    for row in g.chunks(c) {
+        for (a, &v) in out.iter_mut().zip(&row[c0..c1]) {
+            *a += v;
+        }
+    }
 }
 
 impl CustomOp1 for SumRows {

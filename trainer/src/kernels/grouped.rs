@@ -14,10 +14,10 @@
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape};
 use candle_core::{Tensor, D};
 
-use super::bias::column_sums;
+use super::bias::add_column_sums;
 use super::gemm::View;
 use super::linear::{as_rows, gelu_keeping, products_into, GeluGradOfStash, Product};
-use super::parallel::SharedMut;
+use super::parallel::{filled_by_chunks, SharedMut};
 use super::real::{float_kernel, Real, Stash};
 
 /// x (M, in), rows grouped by `counts` (E groups summing to M), through W (E, out, in) and
@@ -233,13 +233,16 @@ impl Groups {
         Ok(out)
     }
 
-    /// db (E, out) from g (M, out).
+    /// db (E, out) from g (M, out): one block per group in one parallel section (a section per
+    /// group left the threads waiting at the end of each), each column summed over the group's
+    /// rows in order.
     fn bias<T: Real>(&self, g: &[T], d_out: usize) -> Result<Vec<T>> {
-        let mut out = Vec::with_capacity(self.0.len() * d_out);
-        for (_, row, c) in groups(&self.0) {
-            out.extend(column_sums(&g[row * d_out..(row + c) * d_out], d_out)?);
-        }
-        Ok(out)
+        let starts: Vec<(usize, usize)> = groups(&self.0).map(|(_, row, c)| (row, c)).collect();
+        filled_by_chunks(self.0.len() * d_out, d_out, g.len(), |e, out| {
+            let (row, c) = starts[e];
+            add_column_sums(&g[row * d_out..(row + c) * d_out], d_out, 0, out);
+            Ok(())
+        })
     }
 }
 
