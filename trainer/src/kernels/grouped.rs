@@ -16,7 +16,7 @@ use candle_core::{Tensor, D};
 
 use super::bias::add_column_sums;
 use super::gemm::View;
-use super::linear::{as_rows, gelu_keeping, products_into, GeluGradOfStash, Product};
+use super::linear::{as_rows, gelu_keeping, products_into, written_by, GeluGradOfStash, Product};
 use super::parallel::{filled_by_chunks, SharedMut};
 use super::real::{float_kernel, Real, Stash};
 
@@ -102,11 +102,8 @@ fn forward<T: Real>(counts: &[usize], x: &[T], w: &[T], b: &[T], d: [usize; 4]) 
             bias: Some(&b[e * d_out..(e + 1) * d_out]),
         })
         .collect();
-    let mut out = Vec::<T>::with_capacity(len);
-    products_into(&products, (SharedMut(out.as_mut_ptr()), len))?;
-    // SAFETY: the groups cover rows 0..M, and `products_into` wrote every value of their rows.
-    unsafe { out.set_len(len) };
-    Ok(out)
+    // SAFETY: the groups cover rows 0..M, and each product all `out` values of its rows.
+    unsafe { written_by(len, &products) }
 }
 
 /// Experts' linear layers (and GELU) as one op.
@@ -196,12 +193,8 @@ impl Groups {
                 bias: None,
             })
             .collect();
-        let mut out = Vec::<T>::with_capacity(len);
-        products_into(&products, (SharedMut(out.as_mut_ptr()), len))?;
-        // SAFETY: the groups cover rows 0..M, and `products_into` wrote every value of their
-        // rows.
-        unsafe { out.set_len(len) };
-        Ok(out)
+        // SAFETY: the groups cover rows 0..M, and each product all `in` values of its rows.
+        unsafe { written_by(len, &products) }
     }
 
     /// dW (E, out, in) from g (M, out) and x (M, in); zero for a group without rows.

@@ -96,44 +96,35 @@ fn product_by_row_blocks<T: Real>(
     bias: Option<&[T]>,
 ) -> Result<Vec<T>> {
     // Not zeroed: every block writes all of its rows (the GEMM overwrites when there is no
-    // bias), and only through raw pointers, before `set_len` below.
-    let len = dims.0 * dims.1;
-    let mut out = Vec::<T>::with_capacity(len);
-    product_into(
-        dims,
-        (SharedMut(out.as_mut_ptr()), len, 0),
-        lhs,
-        lv,
-        rhs,
-        rv,
-        bias,
-    )?;
-    // SAFETY: `product_into` wrote all `cols` values of rows 0..rows.
-    unsafe { out.set_len(len) };
-    Ok(out)
-}
-
-/// `product_by_row_blocks` into a buffer `dst` = (pointer, length, offset): rows × cols values
-/// from the offset on, row stride cols, each written (never read) by exactly one block.
-pub(crate) fn product_into<T: Real>(
-    dims: (usize, usize, usize),
-    (ptr, len, off): (SharedMut<T>, usize, usize),
-    lhs: &[T],
-    lv: View,
-    rhs: &[T],
-    rv: View,
-    bias: Option<&[T]>,
-) -> Result<()> {
+    // bias), and only through raw pointers, before `set_len` in `written_by`.
+    let (rows, cols, _) = dims;
     let product = Product {
         dims,
-        off,
+        off: 0,
         lhs,
         lv,
         rhs,
         rv,
         bias,
     };
-    products_into(&[product], (ptr, len))
+    // SAFETY: the one product covers rows 0..rows of cols values, all of the buffer.
+    unsafe { written_by(rows * cols, &[product]) }
+}
+
+/// A new vector of `len` values, written by `products`.
+///
+/// # Safety
+/// The products' regions must cover 0..len (each value is written once and never read, and an
+/// uncovered value would be uninitialised memory).
+pub(crate) unsafe fn written_by<T: Real>(
+    len: usize,
+    products: &[Product<'_, T>],
+) -> Result<Vec<T>> {
+    let mut out = Vec::<T>::with_capacity(len);
+    products_into(products, (SharedMut(out.as_mut_ptr()), len))?;
+    // SAFETY: the products wrote every value of 0..len (the caller's promise).
+    unsafe { out.set_len(len) };
+    Ok(out)
 }
 
 /// One product of `products_into`: rows × cols values at `off` of the output (row stride
