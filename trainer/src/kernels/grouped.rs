@@ -16,8 +16,9 @@ use candle_core::{Tensor, D};
 
 use super::bias::add_column_sums;
 use super::gemm::View;
-use super::linear::{as_rows, gelu_keeping, products_into, written_by, GeluGradOfStash, Product};
+use super::linear::{as_rows, gelu_keeping, GeluGradOfStash};
 use super::parallel::{filled_by_chunks, SharedMut};
+use super::products::{products_into, written_by, Product};
 use super::real::{float_kernel, Real, Stash};
 
 /// x (M, in), rows grouped by `counts` (E groups summing to M), through W (E, out, in) and

@@ -12,8 +12,8 @@ use candle_core::{
 };
 
 use super::bias::{add_bias, sum_rows};
-use super::gemm::{gemm_bias_into, View};
-use super::parallel::{for_each_block, SharedMut};
+use super::gemm::View;
+use super::products::{written_by, Product};
 use super::real::{float_kernel, Real, Stash};
 use super::CudaKernel;
 
@@ -109,90 +109,6 @@ fn product_by_row_blocks<T: Real>(
     };
     // SAFETY: the one product covers rows 0..rows of cols values, all of the buffer.
     unsafe { written_by(rows * cols, &[product]) }
-}
-
-/// A new vector of `len` values, written by `products`.
-///
-/// # Safety
-/// The products' regions must cover 0..len (each value is written once and never read, and an
-/// uncovered value would be uninitialised memory).
-pub(crate) unsafe fn written_by<T: Real>(
-    len: usize,
-    products: &[Product<'_, T>],
-) -> Result<Vec<T>> {
-    let mut out = Vec::<T>::with_capacity(len);
-    products_into(products, (SharedMut(out.as_mut_ptr()), len))?;
-    // SAFETY: the products wrote every value of 0..len (the caller's promise).
-    unsafe { out.set_len(len) };
-    Ok(out)
-}
-
-/// One product of `products_into`: rows × cols values at `off` of the output (row stride
-/// cols) = lhs (rows, k) · rhs (k, cols) [+ bias on every row].
-pub(crate) struct Product<'a, T> {
-    pub(crate) dims: (usize, usize, usize),
-    pub(crate) off: usize,
-    pub(crate) lhs: &'a [T],
-    pub(crate) lv: View,
-    pub(crate) rhs: &'a [T],
-    pub(crate) rv: View,
-    pub(crate) bias: Option<&'a [T]>,
-}
-
-/// Several products into disjoint regions of one buffer `dst` = (pointer, length), in one
-/// parallel section: each split into about one block of rows per thread (at least 16 rows
-/// each), every block one single-threaded GEMM that writes (never reads) its rows. The MoE
-/// experts' grouped op runs all experts' products this way: one section per expert left the
-/// threads waiting for each other at the end of every expert (with 8 experts, 48 sections per
-/// layer and step), where the pool's dynamic hand-out of blocks balances them across experts.
-/// A product's blocks are the same whether it runs alone or with others, so are its values.
-pub(crate) fn products_into<T: Real>(
-    products: &[Product<'_, T>],
-    (ptr, len): (SharedMut<T>, usize),
-) -> Result<()> {
-    let threads = candle_core::utils::get_num_threads().max(1);
-    let mut blocks = Vec::new(); // (product, first row, end row)
-    let mut work = 0;
-    for (p, product) in products.iter().enumerate() {
-        let (rows, cols, k) = product.dims;
-        if product.off + rows * cols > len {
-            bail!("linear: output rows past the buffer");
-        }
-        let n = threads.min(rows / 16).max(1);
-        blocks.extend((0..n).map(|i| (p, i * rows / n, (i + 1) * rows / n)));
-        work += n * (rows / n) * cols * k;
-    }
-    for_each_block(blocks.len(), work, |b| {
-        let (p, r0, r1) = blocks[b];
-        let Product {
-            dims: (_, cols, k),
-            off,
-            lhs,
-            lv,
-            rhs,
-            rv,
-            bias,
-        } = products[p];
-        if bias.is_none() && k == 0 {
-            // An empty product is zero (and the `gemm` crate writes nothing for it).
-            // SAFETY: rows r0..r1 of the output lie inside the buffer (checked above) and
-            // belong to this block alone.
-            unsafe { std::ptr::write_bytes(ptr.ptr().add(off + r0 * cols), 0, (r1 - r0) * cols) };
-        }
-        gemm_bias_into(
-            (r1 - r0, cols, k),
-            ptr.ptr(),
-            len,
-            View::rows(off + r0 * cols, cols),
-            lhs,
-            lv.skip_rows(r0),
-            rhs,
-            rv,
-            T::one(),
-            false,
-            bias,
-        )
-    })
 }
 
 /// y (n, out) = x (n, in) · Wᵀ [+ b], W (out, in).

@@ -39,6 +39,7 @@ pub mod linear;
 pub mod loss;
 pub mod norm;
 mod parallel;
+mod products;
 mod real;
 pub mod rows;
 mod sgemm;
