@@ -308,8 +308,9 @@ fn a_later_position_never_changes_an_earlier_output_of_the_fused_attention() -> 
 
 #[test]
 fn the_fused_linear_matches_the_primitive_ops_with_and_without_bias() -> Result<()> {
-    // (3, 5) → 4 runs on one thread; (512, 128) → 384 is split across threads.
-    for (n, d_in, d_out) in [(3, 5, 4), (512, 128, 384)] {
+    // (3, 5) → 4 runs on one thread; (512, 128) → 384 is split across threads; over 3,000
+    // and 9,000 rows the weight gradient is summed in 2 and 8 chunks of rows.
+    for (n, d_in, d_out) in [(3, 5, 4), (512, 128, 384), (3000, 40, 24), (9000, 16, 24)] {
         for (dtype, tol) in [(DType::F32, 1e-4), (DType::F64, 1e-12)] {
             let x = values(&[n, d_in], dtype, 0.3)?;
             let w = values(&[d_out, d_in], dtype, 1.1)?;

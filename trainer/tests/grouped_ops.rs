@@ -38,27 +38,33 @@ fn one_expert_at_a_time(
 #[test]
 fn grouped_experts_give_the_bits_of_one_op_per_expert_with_and_without_gelu() -> Result<()> {
     // Four experts, one without rows in the middle and one at the end; groups big enough to
-    // be split across threads and one of a single row.
-    let counts = [300, 0, 1, 211, 0];
-    let (m, d_in, d_out) = (512, 128, 96);
-    let x = values(&[m, d_in], DType::F32, 0.3)?;
-    let w = (values(&[counts.len(), d_out, d_in], DType::F32, 1.1)? * 0.1)?;
-    let b = values(&[counts.len(), d_out], DType::F32, 2.3)?;
-    let g = values(&[m, d_out], DType::F32, 0.7)?;
-    for gelu in [false, true] {
-        let (dims, grouped) = output_and_grads(
-            &|x, w, b| grouped_linear(x, w, b, &counts, gelu),
-            [&x, &w, &b],
-            &g,
-        )?;
-        assert_eq!(dims, [m, d_out]);
-        let (_, separate) = output_and_grads(
-            &|x, w, b| one_expert_at_a_time(x, w, b, &counts, gelu),
-            [&x, &w, &b],
-            &g,
-        )?;
-        for (i, what) in ["y", "dx", "dw", "db"].iter().enumerate() {
-            assert_eq!(grouped[i], separate[i], "{what}, gelu {gelu}");
+    // be split across threads and one of a single row. Then one expert with enough rows for
+    // its weight gradient to be summed over them in chunks.
+    let cases: [(&[usize], usize, usize); 2] = [
+        (&[300, 0, 1, 211, 0], 128, 96),
+        (&[2100, 7, 0, 300], 32, 24),
+    ];
+    for (counts, d_in, d_out) in cases {
+        let m = counts.iter().sum::<usize>();
+        let x = values(&[m, d_in], DType::F32, 0.3)?;
+        let w = (values(&[counts.len(), d_out, d_in], DType::F32, 1.1)? * 0.1)?;
+        let b = values(&[counts.len(), d_out], DType::F32, 2.3)?;
+        let g = values(&[m, d_out], DType::F32, 0.7)?;
+        for gelu in [false, true] {
+            let (dims, grouped) = output_and_grads(
+                &|x, w, b| grouped_linear(x, w, b, counts, gelu),
+                [&x, &w, &b],
+                &g,
+            )?;
+            assert_eq!(dims, [m, d_out]);
+            let (_, separate) = output_and_grads(
+                &|x, w, b| one_expert_at_a_time(x, w, b, counts, gelu),
+                [&x, &w, &b],
+                &g,
+            )?;
+            for (i, what) in ["y", "dx", "dw", "db"].iter().enumerate() {
+                assert_eq!(grouped[i], separate[i], "{what}, gelu {gelu}, {counts:?}");
+            }
         }
     }
     Ok(())

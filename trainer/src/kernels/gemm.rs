@@ -34,6 +34,13 @@ impl View {
             ..self
         }
     }
+    /// The same matrix without its first `c` columns.
+    pub(crate) fn skip_cols(self, c: usize) -> Self {
+        View {
+            off: self.off + c * self.cs,
+            ..self
+        }
+    }
     /// The highest index an (m, n) matrix at this view touches.
     fn last(&self, m: usize, n: usize) -> usize {
         self.off + (m.max(1) - 1) * self.rs + (n.max(1) - 1) * self.cs

@@ -18,7 +18,7 @@ use super::bias::add_column_sums;
 use super::gemm::View;
 use super::linear::{as_rows, gelu_keeping, GeluGradOfStash};
 use super::parallel::{filled_by_chunks, SharedMut};
-use super::products::{products_into, written_by, Product};
+use super::products::{summed_products_into, written_by, Product};
 use super::real::{float_kernel, Real, Stash};
 
 /// x (M, in), rows grouped by `counts` (E groups summing to M), through W (E, out, in) and
@@ -198,7 +198,8 @@ impl Groups {
         unsafe { written_by(len, &products) }
     }
 
-    /// dW (E, out, in) from g (M, out) and x (M, in); zero for a group without rows.
+    /// dW (E, out, in) from g (M, out) and x (M, in), each group summed over its rows in
+    /// chunks as a linear layer's dW is (`summed_products_into`); zero for a group without rows.
     fn weight<T: Real>(&self, g: &[T], x: &[T], d_in: usize, d_out: usize) -> Result<Vec<T>> {
         let len = self.0.len() * d_out * d_in;
         let mut out = Vec::<T>::with_capacity(len);
@@ -221,7 +222,7 @@ impl Groups {
                 bias: None,
             });
         }
-        products_into(&products, (dst, len))?;
+        summed_products_into(&products, (dst, len))?;
         // SAFETY: the groups cover 0..E, and each dW_e was written whole (zeros when empty).
         unsafe { out.set_len(len) };
         Ok(out)

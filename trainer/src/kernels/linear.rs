@@ -13,7 +13,7 @@ use candle_core::{
 
 use super::bias::{add_bias, sum_rows};
 use super::gemm::View;
-use super::products::{written_by, Product};
+use super::products::{summed_by, written_by, Product};
 use super::real::{float_kernel, Real, Stash};
 use super::CudaKernel;
 
@@ -138,14 +138,24 @@ fn grad_input<T: Real>(
     )
 }
 
-/// dW (out, in) = gᵀ (out, n) · x (n, in); blocks of W's rows, each summing over all n.
+/// dW (out, in) = gᵀ (out, n) · x (n, in), summed over the n rows in chunks
+/// (`summed_products_into`).
 fn grad_weight<T: Real>(
     g: &[T],
     x: &[T],
     (n, d_in, d_out): (usize, usize, usize),
 ) -> Result<Vec<T>> {
-    let gt = View::rows(0, d_out).transposed();
-    product_by_row_blocks((d_out, d_in, n), g, gt, x, View::rows(0, d_in), None)
+    let product = Product {
+        dims: (d_out, d_in, n),
+        off: 0,
+        lhs: g,
+        lv: View::rows(0, d_out).transposed(),
+        rhs: x,
+        rv: View::rows(0, d_in),
+        bias: None,
+    };
+    // SAFETY: the one product covers all d_out × d_in values.
+    unsafe { summed_by(d_out * d_in, &[product]) }
 }
 
 /// A tensor of shape (.., c) as a matrix (n, c): its leading dims taken as one.
