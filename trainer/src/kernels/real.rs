@@ -16,6 +16,8 @@ pub(crate) trait Real: WithDType {
     fn sum_slice(xs: &[Self]) -> Self;
     /// Σ a⊙b.
     fn dot_slice(a: &[Self], b: &[Self]) -> Self;
+    /// Σ (x − c)².
+    fn sq_dev_sum(xs: &[Self], c: Self) -> Self;
     /// y ← tanh-GELU(x).
     fn gelu_slice(x: &[Self], y: &mut [Self]);
     /// dx ← g · gelu'(x).
@@ -31,6 +33,9 @@ impl Real for f32 {
     }
     fn dot_slice(a: &[Self], b: &[Self]) -> Self {
         super::simd::dot(a, b)
+    }
+    fn sq_dev_sum(xs: &[Self], c: Self) -> Self {
+        super::simd::sq_dev_sum(xs, c)
     }
     fn gelu_slice(x: &[Self], y: &mut [Self]) {
         super::simd::gelu(x, y)
@@ -54,6 +59,9 @@ impl Real for f64 {
     }
     fn dot_slice(a: &[Self], b: &[Self]) -> Self {
         a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+    fn sq_dev_sum(xs: &[Self], c: Self) -> Self {
+        xs.iter().map(|&x| (x - c) * (x - c)).sum()
     }
     fn gelu_slice(x: &[Self], y: &mut [Self]) {
         for (yi, &v) in y.iter_mut().zip(x) {

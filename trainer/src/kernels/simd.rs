@@ -140,6 +140,28 @@ fn dot_impl(a: &[f32], b: &[f32]) -> f32 {
     acc[0]
 }
 
+#[inline(always)]
+fn sq_dev_sum_impl(xs: &[f32], c: f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for ch in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(ch) {
+            *a += (v - c) * (v - c);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += (v - c) * (v - c);
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0]
+}
+
 /// Defines `pub fn $name` that runs `$body_fn` compiled for the widest instruction set the CPU
 /// has. The bodies are plain Rust; only the code generation differs between variants.
 macro_rules! multiversion {
@@ -199,6 +221,11 @@ multiversion! {
     pub fn dot(a: &[f32], b: &[f32]) -> f32 => dot_impl
 }
 
+multiversion! {
+    /// Σ (x − c)², in 32 fixed lanes (a row's variance about its mean, without a second buffer).
+    pub fn sq_dev_sum(xs: &[f32], c: f32) -> f32 => sq_dev_sum_impl
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +273,10 @@ mod tests {
         assert_eq!(e, e_ref);
         assert_eq!(sum(&x).to_bits(), sum_impl(&x).to_bits());
         assert_eq!(dot(&x, &g).to_bits(), dot_impl(&x, &g).to_bits());
+        assert_eq!(
+            sq_dev_sum(&x, 0.3).to_bits(),
+            sq_dev_sum_impl(&x, 0.3).to_bits()
+        );
     }
 
     #[test]
