@@ -16,7 +16,7 @@ use candle_core::{
 };
 
 use crate::kernels::gemm::{gemm_into, View};
-use crate::kernels::parallel::{for_each_block, zeros, SharedMut};
+use crate::kernels::parallel::{for_each_block, SharedMut};
 use crate::kernels::real::{float_kernel, Real, Stash};
 
 /// cos/sin tables of rotary positions, (max_T, head_dim/2) each, row-major.
@@ -146,8 +146,9 @@ impl FusedAttention {
 
     fn dims(&self, layout: &Layout) -> Result<Dims> {
         let (b, t, d3) = layout.shape().dims3()?;
-        if d3 % (3 * self.n_heads) != 0 {
-            bail!("fused-attention: last dim {d3} is not 3·n_heads·head_dim");
+        if d3 == 0 || d3 % (3 * self.n_heads) != 0 {
+            // (Heads of width 0 would leave the outputs, which are not zeroed, unwritten.)
+            bail!("fused-attention: last dim {d3} is not 3·n_heads·head_dim, head_dim ≥ 1");
         }
         let hd = d3 / 3 / self.n_heads;
         if let Some(rope) = &self.rope {
@@ -166,17 +167,22 @@ impl FusedAttention {
     fn forward<T: Real>(&self, qkv: &[T], dims: Dims) -> Result<Vec<T>> {
         let Dims { b, t, h, hd } = dims;
         let d = dims.d();
-        let mut y = zeros::<T>(b * t * d)?;
-        let mut probs = zeros::<T>(b * h * t * t)?;
-        let y_len = y.len();
+        // Not zeroed: each (batch, head) pair overwrites all of its probabilities and its
+        // output columns through raw pointers (the GEMMs do not accumulate), before `set_len`
+        // below; zeroing them first was one more pass over both (5 MB a layer at the
+        // benchmark's shape).
+        let (y_len, p_len) = (b * t * d, b * h * t * t);
+        let mut y = Vec::<T>::with_capacity(y_len);
+        let mut probs = Vec::<T>::with_capacity(p_len);
         let (y_ptr, p_ptr) = (SharedMut(y.as_mut_ptr()), SharedMut(probs.as_mut_ptr()));
         let scale = T::from_f64(self.scale);
         for_each_block(b * h, b * h * t * t * hd, |pair| {
             let (bi, hi) = (pair / h, pair % h);
             let q_off = dims.q_off(bi, hi);
-            // SAFETY: this pair's (T, T) block of the probabilities is written by it alone.
-            let p = unsafe { std::slice::from_raw_parts_mut(p_ptr.ptr().add(pair * t * t), t * t) };
-            let (scores_dst, sv) = (p.as_mut_ptr(), View::rows(0, t));
+            // SAFETY: this pair's (T, T) block lies inside the probabilities' capacity, and
+            // only this pair writes it.
+            let scores_dst = unsafe { p_ptr.ptr().add(pair * t * t) };
+            let sv = View::rows(0, t);
             match &self.rope {
                 None => gemm_into(
                     (t, t, hd),
@@ -209,6 +215,8 @@ impl FusedAttention {
                     )?
                 }
             }
+            // SAFETY: the scores GEMM (k = head_dim ≥ 1) wrote all T × T values of the block.
+            let p = unsafe { std::slice::from_raw_parts_mut(scores_dst, t * t) };
             causal_softmax_inplace(p, t);
             let y_view = View::rows(bi * t * d + hi * hd, d);
             gemm_into(
@@ -225,6 +233,11 @@ impl FusedAttention {
             )?;
             Ok(())
         })?;
+        // SAFETY: the pairs cover every (batch, head), so every value of both was written.
+        unsafe {
+            y.set_len(y_len);
+            probs.set_len(p_len);
+        }
         self.probs.keep(probs);
         Ok(y)
     }
@@ -284,8 +297,9 @@ impl AttentionBackward {
         if probs.len() != b * h * t * t {
             bail!("fused-attention: probabilities do not match the gradient's shape");
         }
-        let mut dqkv = zeros(qkv.len())?;
-        let len = dqkv.len();
+        // Not zeroed: each pair overwrites its q, k and v columns (below), before `set_len`.
+        let len = qkv.len();
+        let mut dqkv = Vec::<T>::with_capacity(len);
         let out = SharedMut(dqkv.as_mut_ptr());
         let scale = T::from_f64(self.fwd.scale);
         for_each_block(b * h, b * h * t * t * hd, |pair| {
@@ -308,7 +322,7 @@ impl AttentionBackward {
                 false,
             )?;
             // dP = dY·Vᵀ, then dS = scale · P ⊙ (dP − Σ_j dP⊙P) in place.
-            let mut ds = vec![T::zero(); t * t];
+            let mut ds = Vec::<T>::with_capacity(t * t);
             gemm_into(
                 (t, t, hd),
                 ds.as_mut_ptr(),
@@ -321,6 +335,8 @@ impl AttentionBackward {
                 T::one(),
                 false,
             )?;
+            // SAFETY: the GEMM (k = head_dim ≥ 1) wrote all T × T values.
+            unsafe { ds.set_len(t * t) };
             for (dr, pr) in ds.chunks_mut(t).zip(p.chunks(t)) {
                 let dot = T::dot_slice(dr, pr);
                 for (x, &pv) in dr.iter_mut().zip(pr) {
@@ -394,6 +410,9 @@ impl AttentionBackward {
             }
             Ok(())
         })?;
+        // SAFETY: every pair wrote its q, k and v columns of every position (the GEMMs, or the
+        // rotary scatter, which writes both halves of each head), so all of dqkv.
+        unsafe { dqkv.set_len(len) };
         Ok(dqkv)
     }
 }
