@@ -18,6 +18,9 @@ pub(crate) trait Real: WithDType {
     fn dot_slice(a: &[Self], b: &[Self]) -> Self;
     /// Σ (x − c)².
     fn sq_dev_sum(xs: &[Self], c: Self) -> Self;
+    /// out += the column sums of g (rows of c values) over columns c0..c0 + out.len(), each
+    /// column in row order.
+    fn add_column_sums(g: &[Self], c: usize, c0: usize, out: &mut [Self]);
     /// y ← tanh-GELU(x).
     fn gelu_slice(x: &[Self], y: &mut [Self]);
     /// dx ← g · gelu'(x).
@@ -36,6 +39,9 @@ impl Real for f32 {
     }
     fn sq_dev_sum(xs: &[Self], c: Self) -> Self {
         super::simd::sq_dev_sum(xs, c)
+    }
+    fn add_column_sums(g: &[Self], c: usize, c0: usize, out: &mut [Self]) {
+        super::simd::add_column_sums(g, c, c0, out)
     }
     fn gelu_slice(x: &[Self], y: &mut [Self]) {
         super::simd::gelu(x, y)
@@ -62,6 +68,14 @@ impl Real for f64 {
     }
     fn sq_dev_sum(xs: &[Self], c: Self) -> Self {
         xs.iter().map(|&x| (x - c) * (x - c)).sum()
+    }
+    fn add_column_sums(g: &[Self], c: usize, c0: usize, out: &mut [Self]) {
+        let c1 = c0 + out.len();
+        for row in g.chunks_exact(c) {
+            for (a, &v) in out.iter_mut().zip(&row[c0..c1]) {
+                *a += v;
+            }
+        }
     }
     fn gelu_slice(x: &[Self], y: &mut [Self]) {
         for (yi, &v) in y.iter_mut().zip(x) {

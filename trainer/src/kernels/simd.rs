@@ -162,6 +162,40 @@ fn sq_dev_sum_impl(xs: &[f32], c: f32) -> f32 {
     acc[0]
 }
 
+/// Columns of a register block of `add_column_sums` (four 16-lane vectors).
+const SUM_COLS: usize = 64;
+
+#[inline(always)]
+fn add_column_sums_impl(g: &[f32], c: usize, c0: usize, out: &mut [f32]) {
+    // A block of columns at a time, its running sums in a fixed-size array the compiler keeps
+    // in registers over all rows (through `out`, each row's adds were a load and a store per
+    // vector); every column is still summed in row order.
+    for (b, o) in out.chunks_mut(SUM_COLS).enumerate() {
+        let j0 = c0 + b * SUM_COLS;
+        if o.len() == SUM_COLS {
+            let mut acc = [0.0f32; SUM_COLS];
+            acc.copy_from_slice(o);
+            for row in g.chunks_exact(c) {
+                let src: &[f32; SUM_COLS] = match row[j0..j0 + SUM_COLS].try_into() {
+                    Ok(src) => src,
+                    Err(_) => unreachable!("a slice of SUM_COLS values"),
+                };
+                for (a, &v) in acc.iter_mut().zip(src) {
+                    *a += v;
+                }
+            }
+            o.copy_from_slice(&acc);
+        } else {
+            let j1 = j0 + o.len();
+            for row in g.chunks_exact(c) {
+                for (a, &v) in o.iter_mut().zip(&row[j0..j1]) {
+                    *a += v;
+                }
+            }
+        }
+    }
+}
+
 /// Defines `pub fn $name` that runs `$body_fn` compiled for the widest instruction set the CPU
 /// has. The bodies are plain Rust; only the code generation differs between variants.
 macro_rules! multiversion {
@@ -222,6 +256,12 @@ multiversion! {
 }
 
 multiversion! {
+    /// out += the sums over the rows of g (rows of c values) of its columns c0..c0 + out.len(),
+    /// each column summed in row order.
+    pub fn add_column_sums(g: &[f32], c: usize, c0: usize, out: &mut [f32]) => add_column_sums_impl
+}
+
+multiversion! {
     /// Σ (x − c)², in 32 fixed lanes (a row's variance about its mean, without a second buffer).
     pub fn sq_dev_sum(xs: &[f32], c: f32) -> f32 => sq_dev_sum_impl
 }
@@ -251,6 +291,30 @@ mod tests {
         assert_eq!(exp(1000.0), f32::INFINITY);
         assert_eq!(exp(f32::INFINITY), f32::INFINITY);
         assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn column_sums_add_each_column_in_row_order_in_every_block_width() {
+        // 150 columns a row, summing 130 of them from column 7: two full register blocks and
+        // a partial one.
+        let (c, c0, n, rows) = (150, 7, 130, 37);
+        let g: Vec<f32> = (0..rows * c)
+            .map(|i| (i as f32 * 0.61).sin() * 3.0)
+            .collect();
+        let start: Vec<f32> = (0..n).map(|j| j as f32 * 0.5).collect();
+        let mut want = start.clone();
+        for row in g.chunks(c) {
+            for (j, w) in want.iter_mut().enumerate() {
+                *w += row[c0 + j];
+            }
+        }
+        let mut got = start.clone();
+        add_column_sums(&g, c, c0, &mut got);
+        let mut scalar = start;
+        add_column_sums_impl(&g, c, c0, &mut scalar);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+        assert_eq!(bits(&scalar), bits(&want));
     }
 
     #[test]
