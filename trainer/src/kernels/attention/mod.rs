@@ -9,12 +9,14 @@
 //! its matmuls in the autocast scope's precision.
 
 mod fused;
+mod qkv;
 
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
-pub use fused::{fused_causal_attention, fused_qkv_attention, RopeTables};
+pub use fused::{fused_causal_attention, RopeTables};
+pub use qkv::fused_qkv_attention;
 
 use super::{autocast, softmax};
 
