@@ -1,4 +1,5 @@
-//! Vectorised f32 kernels for the fused ops: `exp`, tanh-GELU and its derivative, row sums.
+//! Vectorised f32 kernels for the fused ops: `exp`, tanh-GELU and its derivative, row sums and
+//! dots, sums of squared deviations (layer norm), column sums (bias gradients).
 //!
 //! libm's `expf`/`tanhf` are scalar calls; in a 1-thread profile the GELU forward alone took a
 //! fifth of a training step. Here `exp` is a branch-free range reduction plus a polynomial that
