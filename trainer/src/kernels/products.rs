@@ -118,14 +118,14 @@ pub(crate) fn summed_products_into<T: Real>(
     unsafe { scratch.set_len(scratch_len) };
     // dst region += its partials, in chunk order, in pieces of 16 Ki values.
     const PIECE: usize = 16 * 1024;
-    let pieces: Vec<(usize, usize, usize)> = adds
+    let pieces: Vec<(usize, usize)> = adds
         .iter()
         .enumerate()
-        .flat_map(|(a, &(_, size, _, _))| (0..size).step_by(PIECE).map(move |s| (a, s, size)))
+        .flat_map(|(a, &(_, size, _, _))| (0..size).step_by(PIECE).map(move |s| (a, s)))
         .collect();
     for_each_block(pieces.len(), scratch_len, |i| {
-        let (a, start, size) = pieces[i];
-        let (off, _, first, n) = adds[a];
+        let (a, start) = pieces[i];
+        let (off, size, first, n) = adds[a];
         let end = size.min(start + PIECE);
         // SAFETY: the region lies inside dst (checked by `run`) and this piece of it belongs
         // to this block alone; the products wrote it before this section.

@@ -95,19 +95,25 @@ fn gelu_backward_impl(x: &[f32], g: &[f32], dx: &mut [f32]) {
 /// Lanes of the partial sums: enough independent additions to fill AVX-512 twice over.
 const LANES: usize = 32;
 
+/// Σ term(x) over xs, x at index i added into lane i mod LANES, then the lanes folded.
 #[inline(always)]
-fn sum_impl(xs: &[f32]) -> f32 {
+fn lane_sum(xs: &[f32], term: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0.0f32; LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {
         for (a, &v) in acc.iter_mut().zip(c) {
-            *a += v;
+            *a += term(v);
         }
     }
     for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
-        *a += v;
+        *a += term(v);
     }
-    // Fixed pairwise fold, the same on every CPU.
+    fold(acc)
+}
+
+/// The lanes' sum in a fixed pairwise order, the same on every CPU.
+#[inline(always)]
+fn fold(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -116,6 +122,16 @@ fn sum_impl(xs: &[f32]) -> f32 {
         }
     }
     acc[0]
+}
+
+#[inline(always)]
+fn sum_impl(xs: &[f32]) -> f32 {
+    lane_sum(xs, |v| v)
+}
+
+#[inline(always)]
+fn sq_dev_sum_impl(xs: &[f32], c: f32) -> f32 {
+    lane_sum(xs, |v| (v - c) * (v - c))
 }
 
 #[inline(always)]
@@ -131,36 +147,7 @@ fn dot_impl(a: &[f32], b: &[f32]) -> f32 {
     for ((s, &u), &v) in acc.iter_mut().zip(ca.remainder()).zip(cb.remainder()) {
         *s += u * v;
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0]
-}
-
-#[inline(always)]
-fn sq_dev_sum_impl(xs: &[f32], c: f32) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
-    for ch in &mut chunks {
-        for (a, &v) in acc.iter_mut().zip(ch) {
-            *a += (v - c) * (v - c);
-        }
-    }
-    for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
-        *a += (v - c) * (v - c);
-    }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0]
+    fold(acc)
 }
 
 /// Columns of a register block of `add_column_sums` (four 16-lane vectors).

@@ -122,6 +122,40 @@ fn causal_blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..t).step_by(ROWS).map(move |i0| (i0, t.min(i0 + ROWS)))
 }
 
+/// dst (T, T) ← scale · a·bᵀ below and on the diagonal, 0 above it: for each causal block of
+/// rows, one GEMM against the block's first i1 columns (a and b are (T, k) views), then each
+/// row's masked columns set to 0, so every value is written once and the whole matrix is
+/// initialised (the scores before the softmax, dP before dS).
+fn causal_product<T: Real>(
+    dst: *mut T,
+    t: usize,
+    k: usize,
+    (a, av): (&[T], View),
+    (b, bv): (&[T], View),
+    scale: T,
+) -> Result<()> {
+    for (i0, i1) in causal_blocks(t) {
+        gemm_into(
+            (i1 - i0, i1, k),
+            dst,
+            t * t,
+            View::rows(i0 * t, t),
+            a,
+            av.skip_rows(i0),
+            b,
+            bv.transposed(),
+            scale,
+            false,
+        )?;
+        for i in i0..i1 {
+            // SAFETY: row i's columns i+1..t lie inside the T × T buffer (`gemm_into` checked
+            // the block's bounds against t · t), and the caller's block is this caller's alone.
+            unsafe { std::ptr::write_bytes(dst.add(i * t + i + 1), 0, t - i - 1) };
+        }
+    }
+    Ok(())
+}
+
 /// q and k of head (b, h), each as (data, view of a (T, hd) matrix): views into the packed
 /// buffer, or with rotary tables, the rotated copies made in `rotated`.
 fn q_and_k<'a, T: Real>(
@@ -149,10 +183,11 @@ fn q_and_k<'a, T: Real>(
     }
 }
 
-/// Softmax of each row `i` of a (T, T) score matrix over columns `0..=i`; the rest become 0.
+/// Softmax of each row `i` of a (T, T) score matrix over columns `0..=i`; the rest are left
+/// as they are (0, from `causal_product`).
 fn causal_softmax_inplace<T: Real>(s: &mut [T], t: usize) {
     for (i, row) in s.chunks_mut(t).enumerate() {
-        let (keep, masked) = row.split_at_mut(i + 1);
+        let keep = &mut row[..=i];
         let mut max = keep[0];
         for &v in &keep[1..] {
             if v > max {
@@ -167,7 +202,6 @@ fn causal_softmax_inplace<T: Real>(s: &mut [T], t: usize) {
         for v in keep.iter_mut() {
             *v *= inv;
         }
-        masked.fill(T::zero());
     }
 }
 
@@ -221,29 +255,9 @@ impl FusedAttention {
             let scores_dst = unsafe { p_ptr.ptr().add(pair * t * t) };
             // The scores of rows i0..i1 against keys 0..i1 only: the rest are masked.
             let mut rotated = (Vec::new(), Vec::new());
-            let [(q, qv), (k, kv)] =
-                q_and_k(self.rope.as_deref(), qkv, dims, (bi, hi), &mut rotated);
-            for (i0, i1) in causal_blocks(t) {
-                gemm_into(
-                    (i1 - i0, i1, hd),
-                    scores_dst,
-                    t * t,
-                    View::rows(i0 * t, t),
-                    q,
-                    qv.skip_rows(i0),
-                    k,
-                    kv.transposed(),
-                    scale,
-                    false,
-                )?;
-                for i in i0..i1 {
-                    // SAFETY: row i's masked columns i1..t of this pair's block, which the
-                    // softmax below sets to 0 anyway; written first so that every value is
-                    // initialised before the block is read as a slice.
-                    unsafe { std::ptr::write_bytes(scores_dst.add(i * t + i1), 0, t - i1) };
-                }
-            }
-            // SAFETY: every value of the block was written just above.
+            let [qs, ks] = q_and_k(self.rope.as_deref(), qkv, dims, (bi, hi), &mut rotated);
+            causal_product(scores_dst, t, hd, qs, ks, scale)?;
+            // SAFETY: `causal_product` wrote every value of the block.
             let p = unsafe { std::slice::from_raw_parts_mut(scores_dst, t * t) };
             causal_softmax_inplace(p, t);
             // Rows i0..i1 of P·V: P is 0 past column i1, so only the first i1 rows of V count.
@@ -359,33 +373,22 @@ impl AttentionBackward {
             // dP = dY·Vᵀ (rows i0..i1 against 0..i1), then dS = scale · P ⊙ (dP − Σ_j dP⊙P) in
             // place, 0 where masked.
             let mut ds = Vec::<T>::with_capacity(t * t);
-            for (i0, i1) in causal_blocks(t) {
-                gemm_into(
-                    (i1 - i0, i1, hd),
-                    ds.as_mut_ptr(),
-                    t * t,
-                    View::rows(i0 * t, t),
-                    dy,
-                    dy_view.skip_rows(i0),
-                    qkv,
-                    v_view.transposed(),
-                    T::one(),
-                    false,
-                )?;
-                for i in i0..i1 {
-                    // SAFETY: row i's columns i1..t of the t × t capacity, masked (0 below).
-                    unsafe { std::ptr::write_bytes(ds.as_mut_ptr().add(i * t + i1), 0, t - i1) };
-                }
-            }
-            // SAFETY: the GEMMs (k = head_dim ≥ 1) and the fills above wrote all T × T values.
+            causal_product(
+                ds.as_mut_ptr(),
+                t,
+                hd,
+                (dy, dy_view),
+                (qkv, v_view),
+                T::one(),
+            )?;
+            // SAFETY: `causal_product` wrote all T × T values.
             unsafe { ds.set_len(t * t) };
             for (i, (dr, pr)) in ds.chunks_mut(t).zip(p.chunks(t)).enumerate() {
-                let (keep, masked) = dr.split_at_mut(i + 1);
+                let keep = &mut dr[..=i]; // the masked rest is 0 already
                 let dot = T::dot_slice(keep, &pr[..=i]);
                 for (x, &pv) in keep.iter_mut().zip(pr) {
                     *x = scale * pv * (*x - dot);
                 }
-                masked.fill(T::zero());
             }
             // dQ = dS·K (rows i0..i1 over keys 0..i1) and dK = dSᵀ·Q (row j over rows i ≥ j):
             // straight into dqkv's q and k columns, or through the rotation back into them.
