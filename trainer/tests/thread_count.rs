@@ -1,7 +1,7 @@
 //! The fused CPU ops give the same bits whatever the number of threads: every way they split
 //! work across threads (blocks of rows, whole MoE experts, the (batch, head) pairs of the
-//! attention, the chunks of a weight gradient's sum over the tokens) leaves each value summed
-//! in the same order. One test in a binary of its own, since the thread count is process-wide
+//! attention, the chunks of a weight gradient's sum over the tokens, the MLP's blocks of rows)
+//! leaves each value summed in the same order. One test in a binary of its own, since the thread count is process-wide
 //! (candle reads it from the environment at every op).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
@@ -9,12 +9,12 @@
 use candle_core::{DType, Result, Tensor};
 
 mod op_kit;
-use op_kit::{autograd, bits, output_and_grads, values};
+use op_kit::{autograd, bits, output_and_grads, outputs_and_grads, values};
 
 use trainer::kernels::attention::fused_causal_attention;
-use trainer::kernels::grouped_linear;
 use trainer::kernels::linear::{fused_linear, linear_gelu};
 use trainer::kernels::norm::fused_layer_norm;
+use trainer::kernels::{gelu_mlp, grouped_linear};
 
 /// The bits of the outputs and gradients of each op, on shapes that split across threads.
 fn every_op() -> Result<Vec<Vec<u32>>> {
@@ -38,6 +38,30 @@ fn every_op() -> Result<Vec<Vec<u32>>> {
     let g = values(&[m, d_out], DType::F32, 0.9)?;
     let grouped = |x: &Tensor, w: &Tensor, b: &Tensor| grouped_linear(x, w, b, &counts, true);
     all.extend(output_and_grads(&grouped, [&x, &w, &b], &g)?.1);
+
+    // The same experts as whole GELU MLPs (fc, GELU and proj per block of rows), as one op.
+    let w_fc: Vec<Tensor> = (0..counts.len()).map(|e| w.get(e)).collect::<Result<_>>()?;
+    let b_fc: Vec<Tensor> = (0..counts.len()).map(|e| b.get(e)).collect::<Result<_>>()?;
+    let w_proj: Vec<Tensor> = w_fc
+        .iter()
+        .map(|w| w.t()?.contiguous())
+        .collect::<Result<_>>()?;
+    let b_proj: Vec<Tensor> = (0..counts.len())
+        .map(|e| values(&[d_in], DType::F32, 0.2 * e as f64))
+        .collect::<Result<_>>()?;
+    let mut inputs = vec![&x];
+    for e in 0..counts.len() {
+        inputs.extend([&w_fc[e], &b_fc[e], &w_proj[e], &b_proj[e]]);
+    }
+    let mlp = |t: &[Tensor]| {
+        let experts: Vec<[&Tensor; 4]> = t[1..]
+            .chunks(4)
+            .map(|w| [&w[0], &w[1], &w[2], &w[3]])
+            .collect();
+        gelu_mlp(&t[0], &experts, &counts)
+    };
+    let g_mlp = values(&[m, d_in], DType::F32, 1.1)?;
+    all.extend(outputs_and_grads(&mlp, &inputs, &g_mlp)?.1);
 
     // Causal attention at T = 150 (three blocks of rows per head), 3 × 4 (batch, head) pairs.
     let (bsz, t, h, hd) = (3, 150, 4, 8);

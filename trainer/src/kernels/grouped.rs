@@ -17,7 +17,7 @@ use candle_core::{Tensor, D};
 use super::bias::add_column_sums;
 use super::gemm::View;
 use super::linear::{as_rows, gelu_keeping, GeluGradOfStash};
-use super::parallel::{filled_by_chunks, SharedMut};
+use super::parallel::{for_each_block, SharedMut};
 use super::products::{summed_products_into, written_by, Product};
 use super::real::{float_kernel, Real, Stash};
 
@@ -79,7 +79,7 @@ fn check(counts: &[usize], x: &Layout, w: &Layout, b: &Layout) -> Result<[usize;
 }
 
 /// (e, first row, rows) of every group.
-fn groups(counts: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+pub(crate) fn groups(counts: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
     counts.iter().enumerate().scan(0, |row, (e, &c)| {
         let first = *row;
         *row += c;
@@ -198,47 +198,104 @@ impl Groups {
         unsafe { written_by(len, &products) }
     }
 
-    /// dW (E, out, in) from g (M, out) and x (M, in), each group summed over its rows in
-    /// chunks as a linear layer's dW is (`summed_products_into`); zero for a group without rows.
+    /// dW (E, out, in) from g (M, out) and x (M, in) (`weight_grads_into`).
     fn weight<T: Real>(&self, g: &[T], x: &[T], d_in: usize, d_out: usize) -> Result<Vec<T>> {
         let len = self.0.len() * d_out * d_in;
         let mut out = Vec::<T>::with_capacity(len);
-        let dst = SharedMut(out.as_mut_ptr());
-        let mut products = Vec::with_capacity(self.0.len());
-        for (e, row, c) in groups(&self.0) {
-            let off = e * d_out * d_in;
-            if c == 0 {
-                // SAFETY: dW_e's values lie inside `out`'s capacity and no product writes them.
-                unsafe { std::ptr::write_bytes(dst.ptr().add(off), 0, d_out * d_in) };
-                continue;
-            }
-            products.push(Product {
-                dims: (d_out, d_in, c),
-                off,
-                lhs: g,
-                lv: View::rows(row * d_out, d_out).transposed(), // g_eᵀ (out, c)
-                rhs: x,
-                rv: View::rows(row * d_in, d_in),
-                bias: None,
-            });
-        }
-        summed_products_into(&products, (dst, len))?;
-        // SAFETY: the groups cover 0..E, and each dW_e was written whole (zeros when empty).
+        weight_grads_into(
+            &self.0,
+            g,
+            x,
+            (d_in, d_out),
+            (SharedMut(out.as_mut_ptr()), len),
+        )?;
+        // SAFETY: `weight_grads_into` wrote all E·out·in values.
         unsafe { out.set_len(len) };
         Ok(out)
     }
 
-    /// db (E, out) from g (M, out): one block per group in one parallel section (a section per
-    /// group left the threads waiting at the end of each), each column summed over the group's
-    /// rows in order.
+    /// db (E, out) from g (M, out) (`bias_grads_into`).
     fn bias<T: Real>(&self, g: &[T], d_out: usize) -> Result<Vec<T>> {
-        let starts: Vec<(usize, usize)> = groups(&self.0).map(|(_, row, c)| (row, c)).collect();
-        filled_by_chunks(self.0.len() * d_out, d_out, g.len(), |e, out| {
-            let (row, c) = starts[e];
-            add_column_sums(&g[row * d_out..(row + c) * d_out], d_out, 0, out);
-            Ok(())
-        })
+        let len = self.0.len() * d_out;
+        let mut out = Vec::<T>::with_capacity(len);
+        bias_grads_into(&self.0, g, d_out, (SharedMut(out.as_mut_ptr()), len))?;
+        // SAFETY: `bias_grads_into` wrote all E·out values.
+        unsafe { out.set_len(len) };
+        Ok(out)
     }
+}
+
+/// dW_e = g_eᵀ·x_e (out, in) of every group of rows (`counts`) into `dst` = (pointer, E·out·in
+/// values), from g (M, out) and x (M, in): each group summed over its rows in chunks as a linear
+/// layer's dW is (`summed_products_into`), zero for a group without rows. Every value of `dst`
+/// is written.
+pub(crate) fn weight_grads_into<T: Real>(
+    counts: &[usize],
+    g: &[T],
+    x: &[T],
+    (d_in, d_out): (usize, usize),
+    (dst, len): (SharedMut<T>, usize),
+) -> Result<()> {
+    if len != counts.len() * d_out * d_in {
+        bail!(
+            "grouped-linear: a weight gradient of {len} values for {} groups",
+            counts.len()
+        );
+    }
+    let mut products = Vec::with_capacity(counts.len());
+    for (e, row, c) in groups(counts) {
+        let off = e * d_out * d_in;
+        if c == 0 {
+            // SAFETY: dW_e's values lie inside `dst` and no product writes them.
+            unsafe { std::ptr::write_bytes(dst.ptr().add(off), 0, d_out * d_in) };
+            continue;
+        }
+        products.push(Product {
+            dims: (d_out, d_in, c),
+            off,
+            lhs: g,
+            lv: View::rows(row * d_out, d_out).transposed(), // g_eᵀ (out, c)
+            rhs: x,
+            rv: View::rows(row * d_in, d_in),
+            bias: None,
+        });
+    }
+    summed_products_into(&products, (dst, len))
+}
+
+/// db_e = Σ rows of g_e (out values) of every group of rows (`counts`) into `dst` = (pointer,
+/// E·out values), from g (M, out): blocks of 64 columns of one group in one parallel section (a
+/// section per group left the threads waiting at the end of each), each column summed over the
+/// group's rows in order. Every value of `dst` is written.
+pub(crate) fn bias_grads_into<T: Real>(
+    counts: &[usize],
+    g: &[T],
+    d_out: usize,
+    (dst, len): (SharedMut<T>, usize),
+) -> Result<()> {
+    const BLOCK_COLS: usize = 64;
+    if len != counts.len() * d_out {
+        bail!(
+            "grouped-linear: a bias gradient of {len} values for {} groups",
+            counts.len()
+        );
+    }
+    let per_group = d_out.div_ceil(BLOCK_COLS);
+    let starts: Vec<(usize, usize)> = groups(counts).map(|(_, row, c)| (row, c)).collect();
+    for_each_block(counts.len() * per_group, g.len(), |blk| {
+        let (e, c0) = (blk / per_group, blk % per_group * BLOCK_COLS);
+        let (row, c) = starts[e];
+        let cols = BLOCK_COLS.min(d_out - c0);
+        // SAFETY: columns c0..c0 + cols of db_e lie inside `dst` and belong to this block
+        // alone; they are zeroed before the slice is made.
+        let out = unsafe {
+            let p = dst.ptr().add(e * d_out + c0);
+            std::ptr::write_bytes(p, 0, cols);
+            std::slice::from_raw_parts_mut(p, cols)
+        };
+        add_column_sums(&g[row * d_out..(row + c) * d_out], d_out, c0, out);
+        Ok(())
+    })
 }
 
 /// (g (M, out), W (E, out, in)) → dx (M, in).

@@ -167,7 +167,7 @@ pub(crate) fn as_rows(layout: &Layout) -> Result<(usize, usize)> {
 }
 
 /// `dims` with its last dimension replaced by `last`.
-fn with_last(dims: &[usize], last: usize) -> Shape {
+pub(crate) fn with_last(dims: &[usize], last: usize) -> Shape {
     let mut dims = dims.to_vec();
     if let Some(d) = dims.last_mut() {
         *d = last;

@@ -13,6 +13,7 @@
 //! | [`layer_norm`], [`rms_norm`] | normalise the last dim, scale (and shift) | LayerNorm with bias: one pass each way |
 //! | [`gelu_tanh`] | GPT-2's tanh-GELU | one pass each way, vectorised |
 //! | [`linear_gelu`] | tanh-GELU(x·Wᵀ + b), a GELU MLP's first layer | the linear's GEMMs and the GELU's passes in one graph node |
+//! | [`gelu_mlp`] | gelu(x·W_fcᵀ + b_fc)·W_projᵀ + b_proj, a dense MLP or every expert on its group of rows | one op: each block of rows through both GEMMs and the GELU in turn, dL/dh never a graph edge |
 //! | [`grouped_linear`] | each group of rows through its own linear layer (MoE experts), optionally GELU | one op for all experts: each group's GEMMs on its own rows, no narrow/cat gradient copies |
 //! | [`causal_softmax`] | softmax(scale·s + causal mask) | one pass each way |
 //! | [`CausalAttention`] | softmax(q·kᵀ/√hd + mask)·v per head, RoPE | packed q/k/v to merged heads in one op; with the q/k/v projection in the same op (`forward_projected`) |
@@ -37,6 +38,7 @@ mod gemm;
 pub mod grouped;
 pub mod linear;
 pub mod loss;
+pub mod mlp;
 pub mod norm;
 mod parallel;
 mod products;
@@ -57,6 +59,7 @@ pub use gelu::gelu_tanh;
 pub use grouped::grouped_linear;
 pub use linear::{linear, linear_gelu};
 pub use loss::cross_entropy;
+pub use mlp::gelu_mlp;
 pub use norm::{layer_norm, rms_norm};
 pub use rows::{add_rows, gather_rows};
 pub use softmax::causal_softmax;

@@ -211,7 +211,7 @@ fn run<T: Real>(targets: &[(&[Product<'_, T>], Dst<T>)]) -> Result<()> {
 /// one. When even that would leave a thread working more than a quarter longer than an even
 /// share (three equal products on two threads), every product is split into one block per
 /// thread, as a single product (a dense layer's) always is.
-fn row_blocks(
+pub(crate) fn row_blocks(
     dims: &[(usize, usize, usize)],
     threads: usize,
 ) -> (Vec<(usize, usize, usize)>, usize) {

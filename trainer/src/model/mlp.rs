@@ -5,6 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::{DropoutRng, Linear};
 use crate::config::{Activation, LoraConfig, ModelConfig};
+use crate::kernels;
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -70,6 +71,11 @@ impl Mlp {
 
     /// (.., d) → (.., d). With an rng (training), adapters get their dropout.
     pub fn forward_t(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<Tensor> {
+        if let Some(weights) = self.plain_gelu() {
+            // One op on the fused CPU path (see `kernels::mlp`), the two layers' ops elsewhere.
+            let rows = x.elem_count() / x.dim(D::Minus1)?.max(1);
+            return kernels::gelu_mlp(x, &[weights], &[rows]); // (.., d)
+        }
         let h = match self.activation {
             // tanh approximation, as GPT-2
             Activation::Gelu => self.c_fc.forward_gelu_t(x, rng.as_deref_mut())?, // (.., d_ff)

@@ -86,16 +86,22 @@ pub fn output_and_grads(
     [x, w, b]: [&Tensor; 3],
     g: &Tensor,
 ) -> Result<(Vec<usize>, Vec<Vec<u32>>)> {
-    let vars = [
-        Var::from_tensor(x)?,
-        Var::from_tensor(w)?,
-        Var::from_tensor(b)?,
-    ];
-    let y = op(
-        vars[0].as_tensor(),
-        vars[1].as_tensor(),
-        vars[2].as_tensor(),
-    )?;
+    outputs_and_grads(&|t| op(&t[0], &t[1], &t[2]), &[x, w, b], g)
+}
+
+/// The dims and bits of `op(inputs)`, and the bits of the gradients of Σ op(..)·g with respect
+/// to each input, in order.
+pub fn outputs_and_grads(
+    op: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[&Tensor],
+    g: &Tensor,
+) -> Result<(Vec<usize>, Vec<Vec<u32>>)> {
+    let vars = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t))
+        .collect::<Result<Vec<_>>>()?;
+    let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = op(&tensors)?;
     let grads = (&y * g)?.sum_all()?.backward()?;
     let mut out = vec![bits(&y)?];
     for v in &vars {

@@ -168,13 +168,9 @@ impl MoeLayer {
         let tokens = Tensor::from_vec(plan.tokens.clone(), m, dev)?; // (M,)
         let slots = Tensor::from_vec(plan.slots.clone(), m, dev)?; // (M,)
         let xs = kernels::gather_rows(xf, &tokens)?; // (M, D), grouped by expert
-        let ys = match self.grouped_weights(xf)? {
-            // All experts as one op per layer (see `kernels::grouped`).
-            Some([w_fc, b_fc, w_proj, b_proj]) => {
-                let h = kernels::grouped_linear(&xs, &w_fc, &b_fc, &plan.kept, true)?; // (M, F)
-                kernels::grouped_linear(&h, &w_proj, &b_proj, &plan.kept, false)?
-                // (M, D)
-            }
+        let ys = match self.plain_experts(xf) {
+            // All experts as one op per layer (see `kernels::mlp`).
+            Some(experts) => kernels::gelu_mlp(&xs, &experts, &plan.kept)?, // (M, D)
             None => {
                 let mut outs = Vec::with_capacity(self.experts.len());
                 let mut offset = 0;
@@ -192,23 +188,13 @@ impl MoeLayer {
         kernels::add_rows(&y, &tokens, &ys.broadcast_mul(&g)?) // (N, D)
     }
 
-    /// The experts' weights stacked (W_fc (E, F, D), b_fc (E, F), W_proj (E, D, F),
-    /// b_proj (E, D)) when the fused CPU ops run and every expert is a plain GELU MLP with
-    /// biases; None otherwise (the experts then run one at a time).
-    fn grouped_weights(&self, x: &Tensor) -> Result<Option<[Tensor; 4]>> {
+    /// Every expert's (W_fc, b_fc, W_proj, b_proj) when the fused CPU ops run and every expert
+    /// is a plain GELU MLP with biases; None otherwise (the experts then run one at a time).
+    fn plain_experts(&self, x: &Tensor) -> Option<Vec<[&Tensor; 4]>> {
         if !kernels::use_fused(x) {
-            return Ok(None);
+            return None;
         }
-        let Some(plain) = self
-            .experts
-            .iter()
-            .map(Mlp::plain_gelu)
-            .collect::<Option<Vec<_>>>()
-        else {
-            return Ok(None);
-        };
-        let stack = |i: usize| Tensor::stack(&plain.iter().map(|p| p[i]).collect::<Vec<_>>(), 0);
-        Ok(Some([stack(0)?, stack(1)?, stack(2)?, stack(3)?]))
+        self.experts.iter().map(Mlp::plain_gelu).collect()
     }
 
     /// The weighted load-balancing and z losses (differentiable, scalar) and the layer's stats,

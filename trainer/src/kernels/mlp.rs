@@ -1,0 +1,424 @@
+//! A GELU MLP as one op: y = gelu(x·W_fcᵀ + b_fc)·W_projᵀ + b_proj, for a dense block's MLP
+//! (one group of rows) or every expert of an MoE layer, each on its own group of rows (the
+//! first `counts[0]` rows go to expert 0, the next `counts[1]` to expert 1, ..., as `grouped`).
+//!
+//! Why one op: as two (`linear_gelu`, then `linear`), the hidden activation h (.., d_ff), the
+//! widest tensor of a block, is an edge of candle's graph, and candle's backward zero-fills a
+//! gradient buffer of its size and adds dL/dh into it (with top-2 routing, twice the tokens);
+//! the GELU derivative was one more pass over (.., d_ff) values into one more zero-filled
+//! buffer, and each piece ran in a parallel section of its own. Here each block of rows runs
+//! the fc GEMM, the GELU on the values just written and the proj GEMM; the backward runs dL/dh,
+//! the GELU derivative and dL/dx the same way, and dL/dh never leaves the op. Every value is
+//! computed by the same kernels in the same order as by the two ops, so it is the same bits.
+//!
+//! candle's custom ops take at most three tensors, so each layer's weights and biases travel as
+//! one flat parameter tensor: p_fc = [W_fc of every expert, then b_fc of every expert], p_proj
+//! likewise. Concatenating them copies the weights once a step (as stacking the experts'
+//! weights did before); their gradients come out in the same flat layout.
+
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
+
+use super::gemm::{gemm_bias_into, View};
+use super::grouped::{bias_grads_into, groups, weight_grads_into};
+use super::linear::{as_rows, with_last};
+use super::parallel::{for_each_block, SharedMut};
+use super::products::row_blocks;
+use super::real::{float_kernel, Real, Stash};
+
+/// One MLP's tensors: W_fc (F, D), b_fc (F), W_proj (O, F), b_proj (O).
+pub type MlpWeights<'a> = [&'a Tensor; 4];
+
+/// x (.., D) through a GELU MLP → (.., O): with one expert, every row through it; with E
+/// experts, x (M, D) with its rows grouped by `counts` (E groups summing to M). One op on the
+/// fused CPU path; elsewhere `linear_gelu` then `linear` (one expert), or two `grouped_linear`
+/// ops on the stacked weights.
+pub fn gelu_mlp(x: &Tensor, experts: &[MlpWeights], counts: &[usize]) -> Result<Tensor> {
+    let Some(&[w_fc, _, w_proj, _]) = experts.first() else {
+        bail!("gelu-mlp: no experts");
+    };
+    if counts.len() != experts.len() {
+        bail!(
+            "gelu-mlp: {} groups of rows for {} experts",
+            counts.len(),
+            experts.len()
+        );
+    }
+    let (f, d) = w_fc.dims2()?;
+    let o = w_proj.dim(0)?;
+    for (e, [w_fc, b_fc, w_proj, b_proj]) in experts.iter().enumerate() {
+        if w_fc.dims() != [f, d]
+            || b_fc.dims() != [f]
+            || w_proj.dims() != [o, f]
+            || b_proj.dims() != [o]
+        {
+            bail!(
+                "gelu-mlp: expert {e} has W_fc {:?}, b_fc {:?}, W_proj {:?}, b_proj {:?}; expert 0 has W_fc [{f}, {d}] and W_proj [{o}, {f}]",
+                w_fc.dims(),
+                b_fc.dims(),
+                w_proj.dims(),
+                b_proj.dims()
+            );
+        }
+    }
+    if !super::use_fused(x) || super::autocast::is_active() {
+        return unfused(x, experts, counts);
+    }
+    // [W of every expert, then b of every expert], flat.
+    let flat = |i: usize| -> Result<Tensor> {
+        let weights = experts.iter().map(|e| e[i].flatten_all());
+        let biases = experts.iter().map(|e| e[i + 1].flatten_all());
+        Tensor::cat(&weights.chain(biases).collect::<Result<Vec<_>>>()?, 0)
+    };
+    let op = GeluMlp {
+        counts: counts.to_vec(),
+        widths: [d, f, o],
+        pre: Stash::default(),
+        h: Stash::default(),
+    };
+    x.contiguous()?.apply_op3(&flat(0)?, &flat(2)?, op) // (.., O)
+}
+
+/// The same MLP from the one-layer ops (the GPU and autocast path).
+fn unfused(x: &Tensor, experts: &[MlpWeights], counts: &[usize]) -> Result<Tensor> {
+    if let [[w_fc, b_fc, w_proj, b_proj]] = experts {
+        let h = super::linear_gelu(x, w_fc, Some(b_fc))?; // (.., F)
+        return super::linear(&h, w_proj, Some(b_proj)); // (.., O)
+    }
+    let stack = |i: usize| Tensor::stack(&experts.iter().map(|e| e[i]).collect::<Vec<_>>(), 0);
+    let h = super::grouped_linear(x, &stack(0)?, &stack(1)?, counts, true)?; // (M, F)
+    super::grouped_linear(&h, &stack(2)?, &stack(3)?, counts, false) // (M, O)
+}
+
+/// Values per piece of the element-wise passes inside a block of rows (64 KiB of f32), so each
+/// piece is zeroed or copied and then written while it is in the core's L1/L2.
+const PIECE: usize = 16 * 1024;
+
+/// The sizes of a call: experts, rows, and the input, hidden and output widths.
+#[derive(Clone, Copy)]
+struct Sizes {
+    e: usize,
+    m: usize,
+    d: usize,
+    f: usize,
+    o: usize,
+}
+
+/// The MLP (or the experts' MLPs) as one op on (x, p_fc, p_proj).
+#[derive(Clone)]
+struct GeluMlp {
+    counts: Vec<usize>,
+    /// (D, F, O): the input, hidden and output widths.
+    widths: [usize; 3],
+    /// The pre-activations x·W_fcᵀ + b_fc (M, F), for the GELU's derivative.
+    pre: Stash,
+    /// The hidden activations gelu(pre) (M, F), for dW_proj.
+    h: Stash,
+}
+
+impl std::fmt::Debug for GeluMlp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GeluMlp({:?}, widths {:?})", self.counts, self.widths)
+    }
+}
+
+impl GeluMlp {
+    /// The sizes of x, p_fc and p_proj, checked against each other and the groups.
+    fn sizes(&self, x: &Layout, p_fc: &Layout, p_proj: &Layout) -> Result<Sizes> {
+        let (m, d) = as_rows(x)?;
+        let [wd, f, o] = self.widths;
+        let e = self.counts.len();
+        if d != wd || p_fc.dims() != [e * (f * d + f)] || p_proj.dims() != [e * (o * f + o)] {
+            bail!(
+                "gelu-mlp: input {:?} and parameters {:?}, {:?} for {e} experts of widths {:?}",
+                x.dims(),
+                p_fc.dims(),
+                p_proj.dims(),
+                self.widths
+            );
+        }
+        if self.counts.iter().sum::<usize>() != m {
+            bail!("gelu-mlp: groups of {:?} rows for {m} rows", self.counts);
+        }
+        Ok(Sizes { e, m, d, f, o })
+    }
+
+    /// Blocks (expert, first row, end row) of the groups' rows for one parallel section
+    /// (`row_blocks`, each row costing `per_row` multiply-adds), and their total work.
+    fn blocks(&self, per_row: usize) -> (Vec<(usize, usize, usize)>, usize) {
+        let groups: Vec<_> = groups(&self.counts).filter(|g| g.2 > 0).collect();
+        let dims: Vec<_> = groups.iter().map(|&(_, _, c)| (c, per_row, 1)).collect();
+        let threads = candle_core::utils::get_num_threads();
+        let (blocks, work) = row_blocks(&dims, threads);
+        let blocks = blocks
+            .into_iter()
+            .map(|(g, r0, r1)| (groups[g].0, groups[g].1 + r0, groups[g].1 + r1))
+            .collect();
+        (blocks, work)
+    }
+
+    /// y (M, O), keeping pre and h: each block of rows through fc, GELU and proj in turn.
+    fn forward<T: Real>(&self, x: &[T], p_fc: &[T], p_proj: &[T], s: Sizes) -> Result<Vec<T>> {
+        let Sizes { e, m, d, f, o } = s;
+        let (w_fc, b_fc) = p_fc.split_at(e * f * d);
+        let (w_proj, b_proj) = p_proj.split_at(e * o * f);
+        let mut pre = Vec::<T>::with_capacity(m * f);
+        let mut h = Vec::<T>::with_capacity(m * f);
+        let mut y = Vec::<T>::with_capacity(m * o);
+        let (pre_p, h_p, y_p) = (
+            SharedMut(pre.as_mut_ptr()),
+            SharedMut(h.as_mut_ptr()),
+            SharedMut(y.as_mut_ptr()),
+        );
+        let (blocks, work) = self.blocks(f * (d + o));
+        for_each_block(blocks.len(), work, |i| {
+            let (ex, r0, r1) = blocks[i];
+            let rows = r1 - r0;
+            gemm_bias_into(
+                (rows, f, d),
+                pre_p.ptr(),
+                m * f,
+                View::rows(r0 * f, f),
+                x,
+                View::rows(r0 * d, d),
+                w_fc,
+                View::rows(ex * f * d, d).transposed(), // W_fcᵀ (D, F)
+                T::one(),
+                false,
+                Some(&b_fc[ex * f..(ex + 1) * f]),
+            )?;
+            // SAFETY: rows r0..r1 of pre and h belong to this block alone, pre's were written
+            // just above, and h's are written (after zeroing, piece by piece) before being read.
+            let h_rows = unsafe {
+                let pre_rows = std::slice::from_raw_parts(pre_p.ptr().add(r0 * f), rows * f);
+                let h_rows = h_p.ptr().add(r0 * f);
+                for (k, piece) in pre_rows.chunks(PIECE).enumerate() {
+                    let dst = h_rows.add(k * PIECE);
+                    std::ptr::write_bytes(dst, 0, piece.len());
+                    T::gelu_slice(piece, std::slice::from_raw_parts_mut(dst, piece.len()));
+                }
+                std::slice::from_raw_parts(h_rows, rows * f)
+            };
+            gemm_bias_into(
+                (rows, o, f),
+                y_p.ptr(),
+                m * o,
+                View::rows(r0 * o, o),
+                h_rows,
+                View::rows(0, f),
+                w_proj,
+                View::rows(ex * o * f, f).transposed(), // W_projᵀ (F, O)
+                T::one(),
+                false,
+                Some(&b_proj[ex * o..(ex + 1) * o]),
+            )
+        })?;
+        // SAFETY: the blocks cover every group's rows, and each wrote all of its rows of the
+        // three buffers.
+        unsafe {
+            pre.set_len(m * f);
+            h.set_len(m * f);
+            y.set_len(m * o);
+        }
+        self.pre.keep(pre);
+        self.h.keep(h);
+        Ok(y)
+    }
+}
+
+impl CustomOp3 for GeluMlp {
+    fn name(&self) -> &'static str {
+        "gelu-mlp"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let s = self.sizes(l1, l2, l3)?;
+        let name = self.name();
+        let out = float_kernel!(name; x = (s1, l1), pf = (s2, l2), pp = (s3, l3) => self.forward(x, pf, pp, s)?);
+        Ok((out, with_last(l1.dims(), s.o)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        p_fc: &Tensor,
+        p_proj: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?; // (.., O)
+        let back = Backward {
+            mlp: self.clone(),
+            dpre: Stash::default(),
+        };
+        let dx = g.apply_op3_no_bwd(p_fc, p_proj, &back)?; // (.., D), keeping dL/dpre
+        let dp_fc = x.apply_op1_no_bwd(&FcGrads(back.clone()))?;
+        let dp_proj = g.apply_op1_no_bwd(&ProjGrads(back))?;
+        Ok((Some(dx), Some(dp_fc), Some(dp_proj)))
+    }
+}
+
+/// The backward of `GeluMlp`. As an op on (g, p_fc, p_proj): dL/dx, keeping dL/dpre.
+#[derive(Clone)]
+struct Backward {
+    mlp: GeluMlp,
+    /// dL/dpre (M, F), for dW_fc and db_fc.
+    dpre: Stash,
+}
+
+impl Backward {
+    /// dx (M, D) from g (M, O): each block of rows through dh = g·W_proj, dpre = dh ⊙
+    /// gelu'(pre) and dx = dpre·W_fc in turn; keeps dpre.
+    fn input<T: Real>(&self, g: &[T], p_fc: &[T], p_proj: &[T], s: Sizes) -> Result<Vec<T>> {
+        let Sizes { e, m, d, f, o } = s;
+        let (w_fc, w_proj) = (&p_fc[..e * f * d], &p_proj[..e * o * f]);
+        let mut dpre = Vec::<T>::with_capacity(m * f);
+        let mut dx = Vec::<T>::with_capacity(m * d);
+        let (dpre_p, dx_p) = (SharedMut(dpre.as_mut_ptr()), SharedMut(dx.as_mut_ptr()));
+        let (blocks, work) = self.mlp.blocks(f * (o + d));
+        self.mlp.pre.with(self.name(), |pre: &[T]| {
+            if pre.len() != m * f {
+                bail!(
+                    "gelu-mlp: backward for {m} rows after a forward of {}",
+                    pre.len() / f
+                );
+            }
+            for_each_block(blocks.len(), work, |i| {
+                let (ex, r0, r1) = blocks[i];
+                let rows = r1 - r0;
+                gemm_bias_into(
+                    (rows, f, o),
+                    dpre_p.ptr(),
+                    m * f,
+                    View::rows(r0 * f, f),
+                    g,
+                    View::rows(r0 * o, o),
+                    w_proj,
+                    View::rows(ex * o * f, f), // W_proj (O, F)
+                    T::one(),
+                    false,
+                    None,
+                )?;
+                // dpre ← dh ⊙ gelu'(pre), piece by piece through a copy of dh.
+                let mut dh = vec![T::zero(); PIECE.min(rows * f)];
+                for start in (r0 * f..r1 * f).step_by(PIECE) {
+                    let n = PIECE.min(r1 * f - start);
+                    // SAFETY: rows r0..r1 of dpre belong to this block, and the GEMM above
+                    // wrote them.
+                    let out = unsafe { std::slice::from_raw_parts_mut(dpre_p.ptr().add(start), n) };
+                    dh[..n].copy_from_slice(out);
+                    T::gelu_backward_slice(&pre[start..start + n], &dh[..n], out);
+                }
+                // SAFETY: as above; the loop wrote every value of these rows.
+                let dpre_rows =
+                    unsafe { std::slice::from_raw_parts(dpre_p.ptr().add(r0 * f), rows * f) };
+                gemm_bias_into(
+                    (rows, d, f),
+                    dx_p.ptr(),
+                    m * d,
+                    View::rows(r0 * d, d),
+                    dpre_rows,
+                    View::rows(0, f),
+                    w_fc,
+                    View::rows(ex * f * d, d), // W_fc (F, D)
+                    T::one(),
+                    false,
+                    None,
+                )
+            })
+        })?;
+        // SAFETY: the blocks cover every group's rows, each wrote all of its rows of both.
+        unsafe {
+            dpre.set_len(m * f);
+            dx.set_len(m * d);
+        }
+        self.dpre.keep(dpre);
+        Ok(dx)
+    }
+
+    /// The gradient of a layer's flat parameters, [dW_e = g_eᵀ·a_e (out, in) of every
+    /// expert, then db_e = Σ rows of g_e of every expert], from g (M, out) and its input a
+    /// (M, in).
+    fn params<T: Real>(&self, g: &[T], a: &[T], (d_in, d_out): (usize, usize)) -> Result<Vec<T>> {
+        let counts = &self.mlp.counts;
+        let w_len = counts.len() * d_out * d_in;
+        let len = w_len + counts.len() * d_out;
+        let mut out = Vec::<T>::with_capacity(len);
+        let dst = SharedMut(out.as_mut_ptr());
+        weight_grads_into(counts, g, a, (d_in, d_out), (dst, w_len))?;
+        // SAFETY: the biases' region follows the weights' inside `out`'s capacity.
+        let bias_dst = SharedMut(unsafe { dst.ptr().add(w_len) });
+        bias_grads_into(counts, g, d_out, (bias_dst, len - w_len))?;
+        // SAFETY: both calls wrote all of their regions, which together are 0..len.
+        unsafe { out.set_len(len) };
+        Ok(out)
+    }
+}
+
+impl CustomOp3 for Backward {
+    fn name(&self) -> &'static str {
+        "gelu-mlp-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let [d, _, o] = self.mlp.widths;
+        let (m, g_o) = as_rows(l1)?;
+        if g_o != o {
+            bail!("gelu-mlp: gradient {:?} for {o} outputs", l1.dims());
+        }
+        let s = Sizes {
+            m,
+            ..self.mlp.sizes(&Layout::contiguous((m, d)), l2, l3)?
+        };
+        let name = self.name();
+        let out = float_kernel!(name; g = (s1, l1), pf = (s2, l2), pp = (s3, l3) => self.input(g, pf, pp, s)?);
+        Ok((out, with_last(l1.dims(), d)))
+    }
+}
+
+/// x (M, D) → the gradient of p_fc, from the dpre its `Backward` kept.
+struct FcGrads(Backward);
+
+impl CustomOp1 for FcGrads {
+    fn name(&self) -> &'static str {
+        "gelu-mlp-fc-grads"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let [d, f, _] = self.0.mlp.widths;
+        let name = self.name();
+        let out = float_kernel!(name; x = (s, l) => self.0.dpre.with(name, |dpre| self.0.params(dpre, x, (d, f)))?);
+        Ok((out, Shape::from(self.0.mlp.counts.len() * (f * d + f))))
+    }
+}
+
+/// g (M, O) → the gradient of p_proj, with h from the forward.
+struct ProjGrads(Backward);
+
+impl CustomOp1 for ProjGrads {
+    fn name(&self) -> &'static str {
+        "gelu-mlp-proj-grads"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let [_, f, o] = self.0.mlp.widths;
+        let name = self.name();
+        let out = float_kernel!(name; g = (s, l) => self.0.mlp.h.with(name, |h| self.0.params(g, h, (f, o)))?);
+        Ok((out, Shape::from(self.0.mlp.counts.len() * (o * f + o))))
+    }
+}
