@@ -25,6 +25,22 @@ pub(crate) trait Real: WithDType {
     fn gelu_slice(x: &[Self], y: &mut [Self]);
     /// dx ← g · gelu'(x).
     fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]);
+    /// xs ← softmax(xs): e^(x − max) over their sum (`sum_slice`), in place; nothing for an
+    /// empty slice.
+    fn softmax_slice(xs: &mut [Self]) {
+        let Some(&first) = xs.first() else {
+            return;
+        };
+        let max = xs.iter().fold(first, |m, &v| if v > m { v } else { m });
+        for v in xs.iter_mut() {
+            *v -= max;
+        }
+        Self::exp_slice(xs);
+        let inv = Self::one() / Self::sum_slice(xs);
+        for v in xs.iter_mut() {
+            *v *= inv;
+        }
+    }
 }
 
 impl Real for f32 {
@@ -48,6 +64,9 @@ impl Real for f32 {
     }
     fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]) {
         super::simd::gelu_backward(x, g, dx)
+    }
+    fn softmax_slice(xs: &mut [Self]) {
+        super::simd::softmax_inplace(xs)
     }
 }
 

@@ -1,5 +1,5 @@
-//! Vectorised f32 kernels for the fused ops: `exp`, tanh-GELU and its derivative, row sums and
-//! dots, sums of squared deviations (layer norm), column sums (bias gradients).
+//! Vectorised f32 kernels for the fused ops: `exp`, tanh-GELU and its derivative, softmax, row
+//! sums and dots, sums of squared deviations (layer norm), column sums (bias gradients).
 //!
 //! libm's `expf`/`tanhf` are scalar calls; in a 1-thread profile the GELU forward alone took a
 //! fifth of a training step. Here `exp` is a branch-free range reduction plus a polynomial that
@@ -150,6 +150,43 @@ fn dot_impl(a: &[f32], b: &[f32]) -> f32 {
     fold(acc)
 }
 
+#[inline(always)]
+fn softmax_inplace_impl(xs: &mut [f32]) {
+    // Three passes where max, subtract, exp, sum and scale were five. The attention's rows are
+    // short (one per key seen so far), so the tail past the last full 32 values, scalar code in
+    // `lane_sum`, was most of the time: here it runs as a full chunk padded with −∞, whose
+    // e^(−∞ − max) = 0 leaves the max and the lane sums as they were. The exp and the sum
+    // are those of `exp_inplace` and `sum`, so the values are the same bits.
+    let full = xs.len() / LANES * LANES;
+    let mut tail = [f32::NEG_INFINITY; LANES];
+    tail[..xs.len() - full].copy_from_slice(&xs[full..]);
+    // `f32::max` (a NaN loses) vectorises; an `if v > m` became a branch per value.
+    let mut lanes = tail;
+    for c in xs[..full].chunks_exact(LANES) {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    let max = lanes.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    let mut acc = [0.0f32; LANES];
+    let mut exp_into_lanes = |c: &mut [f32]| {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *v = exp(*v - max);
+            *a += *v;
+        }
+    };
+    for c in xs[..full].chunks_exact_mut(LANES) {
+        exp_into_lanes(c);
+    }
+    exp_into_lanes(&mut tail);
+    let inv = 1.0 / fold(acc);
+    let n = xs.len() - full;
+    xs[full..].copy_from_slice(&tail[..n]);
+    for v in xs {
+        *v *= inv;
+    }
+}
+
 /// Columns of a register block of `add_column_sums` (four 16-lane vectors).
 const SUM_COLS: usize = 64;
 
@@ -239,6 +276,11 @@ multiversion! {
 }
 
 multiversion! {
+    /// xs ← softmax(xs) in place: e^(x − max) over their sum taken as `sum` takes it.
+    pub fn softmax_inplace(xs: &mut [f32]) => softmax_inplace_impl
+}
+
+multiversion! {
     /// Σ a⊙b over the common length, in 32 fixed lanes.
     pub fn dot(a: &[f32], b: &[f32]) -> f32 => dot_impl
 }
@@ -269,6 +311,25 @@ mod tests {
             x += 0.013;
         }
         assert!(worst < 3e-7, "worst relative error {worst}");
+    }
+
+    #[test]
+    fn softmax_gives_the_bits_of_its_five_passes() {
+        for n in [1, 5, 31, 32, 33, 100, 128] {
+            let xs: Vec<f32> = (0..n).map(|i| (i as f32 * 0.61).sin() * 9.0).collect();
+            let mut got = xs.clone();
+            softmax_inplace(&mut got);
+            // max, subtract, exp, sum, scale, as the attention's softmax ran them before.
+            let max = xs.iter().fold(xs[0], |m, &v| if v > m { v } else { m });
+            let mut want: Vec<f32> = xs.iter().map(|&v| v - max).collect();
+            exp_inplace(&mut want);
+            let inv = 1.0 / sum(&want);
+            want.iter_mut().for_each(|v| *v *= inv);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "n = {n}");
+            let total: f64 = got.iter().map(|&v| v as f64).sum();
+            assert!((total - 1.0).abs() < 1e-5, "n = {n}: sums to {total}");
+        }
     }
 
     #[test]

@@ -187,21 +187,7 @@ fn q_and_k<'a, T: Real>(
 /// as they are (0, from `causal_product`).
 fn causal_softmax_inplace<T: Real>(s: &mut [T], t: usize) {
     for (i, row) in s.chunks_mut(t).enumerate() {
-        let keep = &mut row[..=i];
-        let mut max = keep[0];
-        for &v in &keep[1..] {
-            if v > max {
-                max = v;
-            }
-        }
-        for v in keep.iter_mut() {
-            *v -= max;
-        }
-        T::exp_slice(keep);
-        let inv = T::one() / T::sum_slice(keep);
-        for v in keep.iter_mut() {
-            *v *= inv;
-        }
+        T::softmax_slice(&mut row[..=i]);
     }
 }
 
