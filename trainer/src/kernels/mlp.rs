@@ -11,12 +11,18 @@
 //! the GELU derivative and dL/dx the same way, and dL/dh never leaves the op. Every value is
 //! computed by the same kernels in the same order as by the two ops, so it is the same bits.
 //!
-//! candle's custom ops take at most three tensors, so each layer's weights and biases travel as
-//! one flat parameter tensor: p_fc = [W_fc of every expert, then b_fc of every expert], p_proj
-//! likewise. Concatenating them copies the weights once a step (as stacking the experts'
-//! weights did before); their gradients come out in the same flat layout.
+//! candle's custom ops take at most three tensors, and each graph edge costs a zero-filled
+//! gradient buffer and an add, so the op is two nodes: `Link` on (W_proj, b_fc, b_proj), which
+//! computes nothing and returns one value, and `GeluMlp` on (x, W_fc, that value), which holds
+//! the three tensors and reads them itself. Its backward leaves their gradients for `Link`'s.
+//! The experts' tensors are concatenated along their first dim (W_fc (E·F, D), b_fc (E·F),
+//! W_proj (E·O, F), b_proj (E·O)); a dense MLP's are used as they are.
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
+use std::sync::{Arc, Mutex};
+
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Storage, Tensor,
+};
 
 use super::gemm::{gemm_bias_into, View};
 use super::grouped::{bias_grads_into, groups, weight_grads_into};
@@ -63,19 +69,25 @@ pub fn gelu_mlp(x: &Tensor, experts: &[MlpWeights], counts: &[usize]) -> Result<
     if !super::use_fused(x) || super::autocast::is_active() {
         return unfused(x, experts, counts);
     }
-    // [W of every expert, then b of every expert], flat.
-    let flat = |i: usize| -> Result<Tensor> {
-        let weights = experts.iter().map(|e| e[i].flatten_all());
-        let biases = experts.iter().map(|e| e[i + 1].flatten_all());
-        Tensor::cat(&weights.chain(biases).collect::<Result<Vec<_>>>()?, 0)
+    // Each kind of tensor of every expert, concatenated along the first dim.
+    let joined = |i: usize| -> Result<Tensor> {
+        match experts {
+            [one] => one[i].contiguous(),
+            _ => Tensor::cat(&experts.iter().map(|e| e[i]).collect::<Vec<_>>(), 0),
+        }
     };
+    let (w_fc, b_fc, w_proj, b_proj) = (joined(0)?, joined(1)?, joined(2)?, joined(3)?);
+    let grads = Arc::new(Mutex::new(None));
+    let link = w_proj.apply_op3(&b_fc, &b_proj, Link(grads.clone()))?; // (1,)
     let op = GeluMlp {
         counts: counts.to_vec(),
         widths: [d, f, o],
+        held: [b_fc, w_proj, b_proj],
+        grads,
         pre: Stash::default(),
         h: Stash::default(),
     };
-    x.contiguous()?.apply_op3(&flat(0)?, &flat(2)?, op) // (.., O)
+    x.contiguous()?.apply_op3(&w_fc, &link, op) // (.., O)
 }
 
 /// The same MLP from the one-layer ops (the GPU and autocast path).
@@ -93,26 +105,45 @@ fn unfused(x: &Tensor, experts: &[MlpWeights], counts: &[usize]) -> Result<Tenso
 /// piece is zeroed or copied and then written while it is in the core's L1/L2.
 const PIECE: usize = 16 * 1024;
 
-/// The sizes of a call: experts, rows, and the input, hidden and output widths.
+/// The sizes of a call: rows, and the input, hidden and output widths.
 #[derive(Clone, Copy)]
 struct Sizes {
-    e: usize,
     m: usize,
     d: usize,
     f: usize,
     o: usize,
 }
 
-/// The MLP (or the experts' MLPs) as one op on (x, p_fc, p_proj).
+/// The gradients of (W_proj, b_fc, b_proj) that `GeluMlp`'s backward leaves for `Link`'s.
+type Held = Arc<Mutex<Option<[Tensor; 3]>>>;
+
+/// The MLP (or the experts' MLPs) as one op on (x, W_fc, `Link`'s value).
 #[derive(Clone)]
 struct GeluMlp {
     counts: Vec<usize>,
     /// (D, F, O): the input, hidden and output widths.
     widths: [usize; 3],
+    /// b_fc (E·F), W_proj (E·O, F), b_proj (E·O): the inputs of `Link`, read here.
+    held: [Tensor; 3],
+    /// Their gradients, from the backward, for `Link`'s backward.
+    grads: Held,
     /// The pre-activations x·W_fcᵀ + b_fc (M, F), for the GELU's derivative.
     pre: Stash,
     /// The hidden activations gelu(pre) (M, F), for dW_proj.
     h: Stash,
+}
+
+/// The values of a contiguous CPU tensor in `T`, for `f`.
+fn with_values<T: Real, R>(t: &Tensor, f: impl FnOnce(&[T]) -> Result<R>) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(cpu) => f(super::real::slice(
+            T::cpu_storage_as_slice(cpu)?,
+            layout,
+            "gelu-mlp",
+        )?),
+        _ => bail!("gelu-mlp: the fused MLP runs on the CPU only"),
+    }
 }
 
 impl std::fmt::Debug for GeluMlp {
@@ -122,24 +153,24 @@ impl std::fmt::Debug for GeluMlp {
 }
 
 impl GeluMlp {
-    /// The sizes of x, p_fc and p_proj, checked against each other and the groups.
-    fn sizes(&self, x: &Layout, p_fc: &Layout, p_proj: &Layout) -> Result<Sizes> {
+    /// The sizes of x and W_fc, checked against the widths and the groups (the held tensors
+    /// were checked when the op was made).
+    fn sizes(&self, x: &Layout, w_fc: &Layout) -> Result<Sizes> {
         let (m, d) = as_rows(x)?;
         let [wd, f, o] = self.widths;
         let e = self.counts.len();
-        if d != wd || p_fc.dims() != [e * (f * d + f)] || p_proj.dims() != [e * (o * f + o)] {
+        if d != wd || w_fc.dims() != [e * f, d] {
             bail!(
-                "gelu-mlp: input {:?} and parameters {:?}, {:?} for {e} experts of widths {:?}",
+                "gelu-mlp: input {:?} and W_fc {:?} for {e} experts of widths {:?}",
                 x.dims(),
-                p_fc.dims(),
-                p_proj.dims(),
+                w_fc.dims(),
                 self.widths
             );
         }
         if self.counts.iter().sum::<usize>() != m {
             bail!("gelu-mlp: groups of {:?} rows for {m} rows", self.counts);
         }
-        Ok(Sizes { e, m, d, f, o })
+        Ok(Sizes { m, d, f, o })
     }
 
     /// Blocks (expert, first row, end row) of the groups' rows for one parallel section
@@ -157,10 +188,24 @@ impl GeluMlp {
     }
 
     /// y (M, O), keeping pre and h: each block of rows through fc, GELU and proj in turn.
-    fn forward<T: Real>(&self, x: &[T], p_fc: &[T], p_proj: &[T], s: Sizes) -> Result<Vec<T>> {
-        let Sizes { e, m, d, f, o } = s;
-        let (w_fc, b_fc) = p_fc.split_at(e * f * d);
-        let (w_proj, b_proj) = p_proj.split_at(e * o * f);
+    fn forward<T: Real>(&self, x: &[T], w_fc: &[T], s: Sizes) -> Result<Vec<T>> {
+        let [b_fc, w_proj, b_proj] = &self.held;
+        with_values(b_fc, |b_fc| {
+            with_values(w_proj, |w_proj| {
+                with_values(b_proj, |b_proj| {
+                    self.run(x, [w_fc, b_fc, w_proj, b_proj], s)
+                })
+            })
+        })
+    }
+
+    fn run<T: Real>(
+        &self,
+        x: &[T],
+        [w_fc, b_fc, w_proj, b_proj]: [&[T]; 4],
+        s: Sizes,
+    ) -> Result<Vec<T>> {
+        let Sizes { m, d, f, o } = s;
         let mut pre = Vec::<T>::with_capacity(m * f);
         let mut h = Vec::<T>::with_capacity(m * f);
         let mut y = Vec::<T>::with_capacity(m * o);
@@ -239,17 +284,17 @@ impl CustomOp3 for GeluMlp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let s = self.sizes(l1, l2, l3)?;
+        let s = self.sizes(l1, l2)?;
         let name = self.name();
-        let out = float_kernel!(name; x = (s1, l1), pf = (s2, l2), pp = (s3, l3) => self.forward(x, pf, pp, s)?);
+        let out = float_kernel!(name; x = (s1, l1), w = (s2, l2), _link = (s3, l3) => self.forward(x, w, s)?);
         Ok((out, with_last(l1.dims(), s.o)))
     }
 
     fn bwd(
         &self,
         x: &Tensor,
-        p_fc: &Tensor,
-        p_proj: &Tensor,
+        w_fc: &Tensor,
+        link: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -258,14 +303,62 @@ impl CustomOp3 for GeluMlp {
             mlp: self.clone(),
             dpre: Stash::default(),
         };
-        let dx = g.apply_op3_no_bwd(p_fc, p_proj, &back)?; // (.., D), keeping dL/dpre
-        let dp_fc = x.apply_op1_no_bwd(&FcGrads(back.clone()))?;
-        let dp_proj = g.apply_op1_no_bwd(&ProjGrads(back))?;
-        Ok((Some(dx), Some(dp_fc), Some(dp_proj)))
+        let [d, f, o] = self.widths;
+        let e = self.counts.len();
+        let dx = g.apply_op2_no_bwd(w_fc, &back)?; // (.., D), keeping dL/dpre
+        let fc = x.apply_op1_no_bwd(&FcGrads(back.clone()))?; // [dW_fc | db_fc]
+        let proj = g.apply_op1_no_bwd(&ProjGrads(back))?; // [dW_proj | db_proj]
+        let dw_fc = fc.narrow(0, 0, e * f * d)?.reshape((e * f, d))?;
+        let db_fc = fc.narrow(0, e * f * d, e * f)?;
+        let dw_proj = proj.narrow(0, 0, e * o * f)?.reshape((e * o, f))?;
+        let db_proj = proj.narrow(0, e * o * f, e * o)?;
+        let mut held = self.grads.lock().unwrap_or_else(|p| p.into_inner());
+        *held = Some([dw_proj, db_fc, db_proj]);
+        Ok((Some(dx), Some(dw_fc), Some(link.zeros_like()?)))
     }
 }
 
-/// The backward of `GeluMlp`. As an op on (g, p_fc, p_proj): dL/dx, keeping dL/dpre.
+/// The graph node of (W_proj, b_fc, b_proj): one value that `GeluMlp` takes as its third input,
+/// so candle's backward reaches these tensors, with the gradients that `GeluMlp`'s backward
+/// left.
+struct Link(Held);
+
+impl CustomOp3 for Link {
+    fn name(&self) -> &'static str {
+        "gelu-mlp-link"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let name = self.name();
+        let out = float_kernel!(name; _w = (s1, l1), _b1 = (s2, l2), _b2 = (s3, l3) => vec![Default::default()]);
+        Ok((out, Shape::from(1)))
+    }
+
+    fn bwd(
+        &self,
+        _w_proj: &Tensor,
+        _b_fc: &Tensor,
+        _b_proj: &Tensor,
+        _res: &Tensor,
+        _grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some([dw_proj, db_fc, db_proj]) = held.take() else {
+            bail!("gelu-mlp: the parameters' backward ran before the MLP's");
+        };
+        Ok((Some(dw_proj), Some(db_fc), Some(db_proj)))
+    }
+}
+
+/// The backward of `GeluMlp`. As an op on (g, W_fc): dL/dx, keeping dL/dpre.
 #[derive(Clone)]
 struct Backward {
     mlp: GeluMlp,
@@ -276,9 +369,14 @@ struct Backward {
 impl Backward {
     /// dx (M, D) from g (M, O): each block of rows through dh = g·W_proj, dpre = dh ⊙
     /// gelu'(pre) and dx = dpre·W_fc in turn; keeps dpre.
-    fn input<T: Real>(&self, g: &[T], p_fc: &[T], p_proj: &[T], s: Sizes) -> Result<Vec<T>> {
-        let Sizes { e, m, d, f, o } = s;
-        let (w_fc, w_proj) = (&p_fc[..e * f * d], &p_proj[..e * o * f]);
+    fn input<T: Real>(&self, g: &[T], w_fc: &[T], s: Sizes) -> Result<Vec<T>> {
+        with_values(&self.mlp.held[1], |w_proj| {
+            self.input_with(g, w_fc, w_proj, s)
+        })
+    }
+
+    fn input_with<T: Real>(&self, g: &[T], w_fc: &[T], w_proj: &[T], s: Sizes) -> Result<Vec<T>> {
+        let Sizes { m, d, f, o } = s;
         let mut dpre = Vec::<T>::with_capacity(m * f);
         let mut dx = Vec::<T>::with_capacity(m * d);
         let (dpre_p, dx_p) = (SharedMut(dpre.as_mut_ptr()), SharedMut(dx.as_mut_ptr()));
@@ -362,7 +460,7 @@ impl Backward {
     }
 }
 
-impl CustomOp3 for Backward {
+impl CustomOp2 for Backward {
     fn name(&self) -> &'static str {
         "gelu-mlp-backward"
     }
@@ -373,25 +471,20 @@ impl CustomOp3 for Backward {
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let [d, _, o] = self.mlp.widths;
         let (m, g_o) = as_rows(l1)?;
         if g_o != o {
             bail!("gelu-mlp: gradient {:?} for {o} outputs", l1.dims());
         }
-        let s = Sizes {
-            m,
-            ..self.mlp.sizes(&Layout::contiguous((m, d)), l2, l3)?
-        };
+        let s = self.mlp.sizes(&Layout::contiguous((m, d)), l2)?;
         let name = self.name();
-        let out = float_kernel!(name; g = (s1, l1), pf = (s2, l2), pp = (s3, l3) => self.input(g, pf, pp, s)?);
+        let out = float_kernel!(name; g = (s1, l1), w = (s2, l2) => self.input(g, w, s)?);
         Ok((out, with_last(l1.dims(), d)))
     }
 }
 
-/// x (M, D) → the gradient of p_fc, from the dpre its `Backward` kept.
+/// x (M, D) → [dW_fc | db_fc] flat, from the dpre its `Backward` kept.
 struct FcGrads(Backward);
 
 impl CustomOp1 for FcGrads {
@@ -407,7 +500,7 @@ impl CustomOp1 for FcGrads {
     }
 }
 
-/// g (M, O) → the gradient of p_proj, with h from the forward.
+/// g (M, O) → [dW_proj | db_proj] flat, with h from the forward.
 struct ProjGrads(Backward);
 
 impl CustomOp1 for ProjGrads {
