@@ -8,7 +8,7 @@
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
 use super::linear::as_rows;
-use super::parallel::{filled_by_rows, for_each_block, zeros, SharedMut};
+use super::parallel::{filled_by_rows, for_each_block, SharedMut};
 use super::real::{float_kernel, Real};
 
 /// (x − mean) / √(var + eps) · weight [+ bias] over the last dim of x (.., C), statistics in
@@ -91,13 +91,47 @@ fn row_stats<T: Real>(x: &[T], eps: f64) -> (T, T) {
 fn layer_norm_rows<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Result<Vec<T>> {
     let c = w.len();
     let out = filled_by_rows(x.len(), c, |r, y| {
-        let xr = &x[r * c..(r + 1) * c];
-        let (mean, rstd) = row_stats(xr, eps);
-        for (((yi, &v), &wi), &bi) in y.iter_mut().zip(xr).zip(w).zip(b) {
-            *yi = (v - mean) * rstd * wi + bi;
-        }
+        T::layer_norm_row(&x[r * c..(r + 1) * c], w, b, y, eps);
     })?;
     Ok(out)
+}
+
+/// One row of the forward: y = (x − mean)·rstd·w + b. Written once for any `Real`; f32 runs it
+/// compiled for the CPU's widest vectors (`simd::layer_norm_row`), where the element-wise loop
+/// built for the baseline x86-64 used 4 lanes of 16. The same operations in the same order
+/// either way, so the same bits.
+#[inline(always)]
+pub(super) fn layer_norm_row<T: Real>(x: &[T], w: &[T], b: &[T], y: &mut [T], eps: f64) {
+    let (mean, rstd) = row_stats(x, eps);
+    for (((yi, &v), &wi), &bi) in y.iter_mut().zip(x).zip(w).zip(b) {
+        *yi = (v - mean) * rstd * wi + bi;
+    }
+}
+
+/// One row of the backward: dx of the row, its terms added to the block's dw and db, with two
+/// rows of scratch (x̂ and ĝ). Compiled for the widest vectors as `layer_norm_row` is.
+#[inline(always)]
+pub(super) fn layer_norm_backward_row<T: Real>(
+    (x, g, w): (&[T], &[T], &[T]),
+    dx: &mut [T],
+    (dw, db): (&mut [T], &mut [T]),
+    (xhat, gh): (&mut [T], &mut [T]),
+    eps: f64,
+) {
+    let inv_c = T::from_f64(1.0 / w.len() as f64);
+    let (mean, rstd) = row_stats(x, eps);
+    // Element-wise first, then the two row means as vectorised sums (`Real`).
+    for j in 0..w.len() {
+        xhat[j] = (x[j] - mean) * rstd;
+        gh[j] = g[j] * w[j];
+        dw[j] += g[j] * xhat[j];
+        db[j] += g[j];
+    }
+    let mean_gh = T::sum_slice(gh) * inv_c;
+    let mean_ghx = T::dot_slice(gh, xhat) * inv_c;
+    for (j, d) in dx.iter_mut().enumerate() {
+        *d = rstd * (gh[j] - mean_gh - xhat[j] * mean_ghx);
+    }
 }
 
 impl CustomOp3 for LayerNormOp {
@@ -197,9 +231,10 @@ const BACKWARD_BLOCK_ROWS: usize = 64;
 fn layer_norm_backward_rows<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Result<Vec<T>> {
     let c = w.len();
     let rows = x.len() / c.max(1);
-    let inv_c = T::from_f64(1.0 / c as f64);
     let blocks = rows.div_ceil(BACKWARD_BLOCK_ROWS);
-    let mut out = zeros::<T>(x.len() + 2 * c)?;
+    // Not zeroed as a whole: each block zeroes its own dx rows just before writing them (in
+    // its core's cache, where a separate pass over the buffer was one more parallel section).
+    let mut out = Vec::<T>::with_capacity(x.len() + 2 * c);
     // Per block: c values of dw, then c of db.
     let mut partial = vec![T::zero(); blocks * 2 * c];
     let (out_ptr, partial_ptr) = (SharedMut(out.as_mut_ptr()), SharedMut(partial.as_mut_ptr()));
@@ -208,32 +243,29 @@ fn layer_norm_backward_rows<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Res
             blk * BACKWARD_BLOCK_ROWS,
             rows.min((blk + 1) * BACKWARD_BLOCK_ROWS),
         );
-        // SAFETY: block `blk` alone writes dx rows r0..r1 and its own partial sums.
-        let dx =
-            unsafe { std::slice::from_raw_parts_mut(out_ptr.ptr().add(r0 * c), (r1 - r0) * c) };
+        // SAFETY: block `blk` alone writes dx rows r0..r1 (inside `out`'s capacity, zeroed
+        // before the slice is made) and its own partial sums.
+        let dx = unsafe {
+            let p = out_ptr.ptr().add(r0 * c);
+            std::ptr::write_bytes(p, 0, (r1 - r0) * c);
+            std::slice::from_raw_parts_mut(p, (r1 - r0) * c)
+        };
         let sums =
             unsafe { std::slice::from_raw_parts_mut(partial_ptr.ptr().add(blk * 2 * c), 2 * c) };
         let (dw, db) = sums.split_at_mut(c);
         let (mut xhat, mut gh) = (vec![T::zero(); c], vec![T::zero(); c]);
         for (r, d_row) in (r0..r1).zip(dx.chunks_mut(c)) {
-            let xr = &x[r * c..(r + 1) * c];
-            let gr = &g[r * c..(r + 1) * c];
-            let (mean, rstd) = row_stats(xr, eps);
-            // Element-wise first, then the two row means as vectorised sums (`Real`).
-            for j in 0..c {
-                xhat[j] = (xr[j] - mean) * rstd;
-                gh[j] = gr[j] * w[j];
-                dw[j] += gr[j] * xhat[j];
-                db[j] += gr[j];
-            }
-            let mean_gh = T::sum_slice(&gh) * inv_c;
-            let mean_ghx = T::dot_slice(&gh, &xhat) * inv_c;
-            for (j, d) in d_row.iter_mut().enumerate() {
-                *d = rstd * (gh[j] - mean_gh - xhat[j] * mean_ghx);
-            }
+            let (xr, gr) = (&x[r * c..(r + 1) * c], &g[r * c..(r + 1) * c]);
+            T::layer_norm_backward_row((xr, gr, w), d_row, (dw, db), (&mut xhat, &mut gh), eps);
         }
         Ok(())
     })?;
+    // SAFETY: the blocks zeroed and wrote every dx row; the 2c values after them are zeroed
+    // here before the length covers them.
+    unsafe {
+        std::ptr::write_bytes(out.as_mut_ptr().add(x.len()), 0, 2 * c);
+        out.set_len(x.len() + 2 * c);
+    }
     let dwb = &mut out[x.len()..];
     for sums in partial.chunks(2 * c) {
         for (acc, &v) in dwb.iter_mut().zip(sums) {

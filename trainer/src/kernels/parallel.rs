@@ -100,11 +100,6 @@ pub(crate) fn filled_by_chunks<T: Real>(
     Ok(out)
 }
 
-/// `len` zeros, written in parallel blocks (for outputs that kernels fill in another pattern).
-pub(crate) fn zeros<T: Real>(len: usize) -> Result<Vec<T>> {
-    filled_by_chunks(len, 16 * 1024, len, |_, _| Ok(()))
-}
-
 /// A new vector of `len` elements filled row by row (`cols` values each) with
 /// `f(row_index, row)`, in blocks of about 16 Ki elements of whole rows.
 pub(crate) fn filled_by_rows<T: Real>(

@@ -25,6 +25,20 @@ pub(crate) trait Real: WithDType {
     fn gelu_slice(x: &[Self], y: &mut [Self]);
     /// dx ← g · gelu'(x).
     fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]);
+    /// One row of the layer norm's forward (`norm::layer_norm_row`).
+    fn layer_norm_row(x: &[Self], w: &[Self], b: &[Self], y: &mut [Self], eps: f64) {
+        super::norm::layer_norm_row(x, w, b, y, eps)
+    }
+    /// One row of the layer norm's backward (`norm::layer_norm_backward_row`).
+    fn layer_norm_backward_row(
+        xgw: (&[Self], &[Self], &[Self]),
+        dx: &mut [Self],
+        dwb: (&mut [Self], &mut [Self]),
+        scratch: (&mut [Self], &mut [Self]),
+        eps: f64,
+    ) {
+        super::norm::layer_norm_backward_row(xgw, dx, dwb, scratch, eps)
+    }
     /// xs ← softmax(xs): e^(x − max) over their sum (`sum_slice`), in place; nothing for an
     /// empty slice.
     fn softmax_slice(xs: &mut [Self]) {
@@ -67,6 +81,18 @@ impl Real for f32 {
     }
     fn softmax_slice(xs: &mut [Self]) {
         super::simd::softmax_inplace(xs)
+    }
+    fn layer_norm_row(x: &[Self], w: &[Self], b: &[Self], y: &mut [Self], eps: f64) {
+        super::simd::layer_norm_row(x, w, b, y, eps)
+    }
+    fn layer_norm_backward_row(
+        xgw: (&[Self], &[Self], &[Self]),
+        dx: &mut [Self],
+        dwb: (&mut [Self], &mut [Self]),
+        scratch: (&mut [Self], &mut [Self]),
+        eps: f64,
+    ) {
+        super::simd::layer_norm_backward_row(xgw, dx, dwb, scratch, eps)
     }
 }
 

@@ -187,6 +187,26 @@ fn softmax_inplace_impl(xs: &mut [f32]) {
     }
 }
 
+#[inline(always)]
+fn layer_norm_row_impl(x: &[f32], w: &[f32], b: &[f32], y: &mut [f32], eps: f64) {
+    super::norm::layer_norm_row(x, w, b, y, eps)
+}
+
+/// Inputs (x, g, w), outputs (dw, db), scratch (x̂, ĝ) of a layer norm backward row.
+type Rows3<'a> = (&'a [f32], &'a [f32], &'a [f32]);
+type RowsMut2<'a> = (&'a mut [f32], &'a mut [f32]);
+
+#[inline(always)]
+fn layer_norm_backward_row_impl(
+    xgw: Rows3,
+    dx: &mut [f32],
+    dwb: RowsMut2,
+    scratch: RowsMut2,
+    eps: f64,
+) {
+    super::norm::layer_norm_backward_row(xgw, dx, dwb, scratch, eps)
+}
+
 /// Columns of a register block of `add_column_sums` (four 16-lane vectors).
 const SUM_COLS: usize = 64;
 
@@ -273,6 +293,17 @@ multiversion! {
 multiversion! {
     /// Σ xs, accumulated in 32 fixed lanes (deterministic, not the sequential order).
     pub fn sum(xs: &[f32]) -> f32 => sum_impl
+}
+
+multiversion! {
+    /// One row of the layer norm's forward, y = (x − mean)·rstd·w + b (`norm`'s code,
+    /// compiled here for wide vectors).
+    pub fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], y: &mut [f32], eps: f64) => layer_norm_row_impl
+}
+
+multiversion! {
+    /// One row of the layer norm's backward (`norm`'s code, compiled here for wide vectors).
+    pub fn layer_norm_backward_row(xgw: Rows3, dx: &mut [f32], dwb: RowsMut2, scratch: RowsMut2, eps: f64) => layer_norm_backward_row_impl
 }
 
 multiversion! {
