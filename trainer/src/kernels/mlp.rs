@@ -101,6 +101,31 @@ fn unfused(x: &Tensor, experts: &[MlpWeights], counts: &[usize]) -> Result<Tenso
     super::grouped_linear(&h, &stack(2)?, &stack(3)?, counts, false) // (M, O)
 }
 
+/// Rows r0..r1 of `dst` (M rows of n values) = rows a_row0.. of `a` (rows of k values) · B
+/// [+ bias]: one single-threaded GEMM that writes (never reads) those rows.
+fn rows_product<T: Real>(
+    (r0, r1): (usize, usize),
+    (dst, m, n): (SharedMut<T>, usize, usize),
+    (a, a_row0, k): (&[T], usize, usize),
+    (b, bv): (&[T], View),
+    bias: Option<&[T]>,
+) -> Result<()> {
+    let (av, dv) = (View::rows(a_row0 * k, k), View::rows(r0 * n, n));
+    gemm_bias_into(
+        (r1 - r0, n, k),
+        dst.ptr(),
+        m * n,
+        dv,
+        a,
+        av,
+        b,
+        bv,
+        T::one(),
+        false,
+        bias,
+    )
+}
+
 /// Values per piece of the element-wise passes inside a block of rows (64 KiB of f32), so each
 /// piece is zeroed or copied and then written while it is in the core's L1/L2.
 const PIECE: usize = 16 * 1024;
@@ -218,19 +243,9 @@ impl GeluMlp {
         for_each_block(blocks.len(), work, |i| {
             let (ex, r0, r1) = blocks[i];
             let rows = r1 - r0;
-            gemm_bias_into(
-                (rows, f, d),
-                pre_p.ptr(),
-                m * f,
-                View::rows(r0 * f, f),
-                x,
-                View::rows(r0 * d, d),
-                w_fc,
-                View::rows(ex * f * d, d).transposed(), // W_fcᵀ (D, F)
-                T::one(),
-                false,
-                Some(&b_fc[ex * f..(ex + 1) * f]),
-            )?;
+            let w_fc_t = View::rows(ex * f * d, d).transposed(); // W_fcᵀ (D, F)
+            let b = &b_fc[ex * f..(ex + 1) * f];
+            rows_product((r0, r1), (pre_p, m, f), (x, r0, d), (w_fc, w_fc_t), Some(b))?;
             // SAFETY: rows r0..r1 of pre and h belong to this block alone, pre's were written
             // just above, and h's are written (after zeroing, piece by piece) before being read.
             let h_rows = unsafe {
@@ -243,18 +258,14 @@ impl GeluMlp {
                 }
                 std::slice::from_raw_parts(h_rows, rows * f)
             };
-            gemm_bias_into(
-                (rows, o, f),
-                y_p.ptr(),
-                m * o,
-                View::rows(r0 * o, o),
-                h_rows,
-                View::rows(0, f),
-                w_proj,
-                View::rows(ex * o * f, f).transposed(), // W_projᵀ (F, O)
-                T::one(),
-                false,
-                Some(&b_proj[ex * o..(ex + 1) * o]),
+            let w_proj_t = View::rows(ex * o * f, f).transposed(); // W_projᵀ (F, O)
+            let b = &b_proj[ex * o..(ex + 1) * o];
+            rows_product(
+                (r0, r1),
+                (y_p, m, o),
+                (h_rows, 0, f),
+                (w_proj, w_proj_t),
+                Some(b),
             )
         })?;
         // SAFETY: the blocks cover every group's rows, and each wrote all of its rows of the
@@ -391,17 +402,12 @@ impl Backward {
             for_each_block(blocks.len(), work, |i| {
                 let (ex, r0, r1) = blocks[i];
                 let rows = r1 - r0;
-                gemm_bias_into(
-                    (rows, f, o),
-                    dpre_p.ptr(),
-                    m * f,
-                    View::rows(r0 * f, f),
-                    g,
-                    View::rows(r0 * o, o),
-                    w_proj,
-                    View::rows(ex * o * f, f), // W_proj (O, F)
-                    T::one(),
-                    false,
+                let w_proj_v = View::rows(ex * o * f, f); // W_proj (O, F)
+                rows_product(
+                    (r0, r1),
+                    (dpre_p, m, f),
+                    (g, r0, o),
+                    (w_proj, w_proj_v),
                     None,
                 )?;
                 // dpre ← dh ⊙ gelu'(pre), piece by piece through a copy of dh.
@@ -417,17 +423,12 @@ impl Backward {
                 // SAFETY: as above; the loop wrote every value of these rows.
                 let dpre_rows =
                     unsafe { std::slice::from_raw_parts(dpre_p.ptr().add(r0 * f), rows * f) };
-                gemm_bias_into(
-                    (rows, d, f),
-                    dx_p.ptr(),
-                    m * d,
-                    View::rows(r0 * d, d),
-                    dpre_rows,
-                    View::rows(0, f),
-                    w_fc,
-                    View::rows(ex * f * d, d), // W_fc (F, D)
-                    T::one(),
-                    false,
+                let w_fc_v = View::rows(ex * f * d, d); // W_fc (F, D)
+                rows_product(
+                    (r0, r1),
+                    (dx_p, m, d),
+                    (dpre_rows, 0, f),
+                    (w_fc, w_fc_v),
                     None,
                 )
             })
