@@ -39,20 +39,10 @@ fn causal_softmax_rows<T: Real>(x: &[T], t: usize, scale: f64) -> Result<Vec<T>>
     let out = filled_by_rows(x.len(), t, |r, y| {
         let keep = r % t + 1; // query position i sees keys 0..=i
         let xr = &x[r * t..r * t + keep];
-        let mut max = xr[0] * scale;
-        for &v in &xr[1..] {
-            if v * scale > max {
-                max = v * scale;
-            }
-        }
         for (yi, &v) in y[..keep].iter_mut().zip(xr) {
-            *yi = v * scale - max;
+            *yi = v * scale;
         }
-        T::exp_slice(&mut y[..keep]);
-        let inv = T::one() / T::sum_slice(&y[..keep]);
-        for yi in &mut y[..keep] {
-            *yi *= inv;
-        }
+        T::softmax_slice(&mut y[..keep]);
     })?;
     Ok(out)
 }
