@@ -12,11 +12,14 @@
 //! computed by the same kernels in the same order as by the two ops, so it is the same bits.
 //!
 //! candle's custom ops take at most three tensors, and each graph edge costs a zero-filled
-//! gradient buffer and an add, so the op is two nodes: `Link` on (W_proj, b_fc, b_proj), which
-//! computes nothing and returns one value, and `GeluMlp` on (x, W_fc, that value), which holds
-//! the three tensors and reads them itself. Its backward leaves their gradients for `Link`'s.
-//! The experts' tensors are concatenated along their first dim (W_fc (E·F, D), b_fc (E·F),
-//! W_proj (E·O, F), b_proj (E·O)); a dense MLP's are used as they are.
+//! gradient buffer and an add, so the weights reach the op through a chain of `Link` nodes:
+//! the first on (b_fc, W_proj, b_proj) of expert 0, each next one on (the link before, two more
+//! tensors), and `GeluMlp` on (x, W_fc of expert 0, the last link). A link computes nothing and
+//! returns one value; `GeluMlp` holds the tensors and reads them itself, and its backward leaves
+//! their gradients for the links' backward. The experts' tensors are used as they are: joined
+//! into one tensor per kind, they cost a copy forward, and backward a zero-filled buffer and an
+//! add for the joined tensor before each expert's own (an MoE layer of 8 experts: some 20 MB of
+//! memory traffic a step for nothing).
 
 use std::sync::{Arc, Mutex};
 
@@ -69,25 +72,32 @@ pub fn gelu_mlp(x: &Tensor, experts: &[MlpWeights], counts: &[usize]) -> Result<
     if !super::use_fused(x) || super::autocast::is_active() {
         return unfused(x, experts, counts);
     }
-    // Each kind of tensor of every expert, concatenated along the first dim.
-    let joined = |i: usize| -> Result<Tensor> {
-        match experts {
-            [one] => one[i].contiguous(),
-            _ => Tensor::cat(&experts.iter().map(|e| e[i]).collect::<Vec<_>>(), 0),
-        }
+    // Every expert's four tensors in order (W_fc, b_fc, W_proj, b_proj of expert 0, then of
+    // expert 1, ...): the first is the op's second input, the other 4E − 1 reach the graph
+    // through links of three, then two more each.
+    let tensors = experts
+        .iter()
+        .flatten()
+        .map(|t| t.contiguous())
+        .collect::<Result<Vec<_>>>()?;
+    let grads: Held = Arc::new(Mutex::new(vec![None; tensors.len()]));
+    let link = |first: usize| Link {
+        grads: grads.clone(),
+        first,
     };
-    let (w_fc, b_fc, w_proj, b_proj) = (joined(0)?, joined(1)?, joined(2)?, joined(3)?);
-    let grads = Arc::new(Mutex::new(None));
-    let link = w_proj.apply_op3(&b_fc, &b_proj, Link(grads.clone()))?; // (1,)
+    let mut chain = tensors[1].apply_op3(&tensors[2], &tensors[3], link(1))?; // (1,)
+    for i in (4..tensors.len()).step_by(2) {
+        chain = chain.apply_op3(&tensors[i], &tensors[i + 1], link(i))?; // (1,)
+    }
     let op = GeluMlp {
         counts: counts.to_vec(),
         widths: [d, f, o],
-        held: [b_fc, w_proj, b_proj],
+        held: tensors[1..].to_vec(),
         grads,
         pre: Stash::default(),
         h: Stash::default(),
     };
-    x.contiguous()?.apply_op3(&w_fc, &link, op) // (.., O)
+    x.contiguous()?.apply_op3(&tensors[0], &chain, op) // (.., O)
 }
 
 /// The same MLP from the one-layer ops (the GPU and autocast path).
@@ -139,18 +149,20 @@ struct Sizes {
     o: usize,
 }
 
-/// The gradients of (W_proj, b_fc, b_proj) that `GeluMlp`'s backward leaves for `Link`'s.
-type Held = Arc<Mutex<Option<[Tensor; 3]>>>;
+/// The gradients of every expert's four tensors (in `gelu_mlp`'s order) that `GeluMlp`'s
+/// backward leaves for the links' backward, each taken once.
+type Held = Arc<Mutex<Vec<Option<Tensor>>>>;
 
-/// The MLP (or the experts' MLPs) as one op on (x, W_fc, `Link`'s value).
+/// The MLP (or the experts' MLPs) as one op on (x, W_fc of expert 0, the last link's value).
 #[derive(Clone)]
 struct GeluMlp {
     counts: Vec<usize>,
     /// (D, F, O): the input, hidden and output widths.
     widths: [usize; 3],
-    /// b_fc (E·F), W_proj (E·O, F), b_proj (E·O): the inputs of `Link`, read here.
-    held: [Tensor; 3],
-    /// Their gradients, from the backward, for `Link`'s backward.
+    /// Every expert's tensors but the first (b_fc (F), W_proj (O, F), b_proj (O) of expert 0,
+    /// then W_fc (F, D), b_fc, W_proj, b_proj of expert 1, ...): the links' inputs, read here.
+    held: Vec<Tensor>,
+    /// The gradients of all 4E tensors, from the backward, for the links' backward.
     grads: Held,
     /// The pre-activations x·W_fcᵀ + b_fc (M, F), for the GELU's derivative.
     pre: Stash,
@@ -158,16 +170,28 @@ struct GeluMlp {
     h: Stash,
 }
 
-/// The values of a contiguous CPU tensor in `T`, for `f`.
-fn with_values<T: Real, R>(t: &Tensor, f: impl FnOnce(&[T]) -> Result<R>) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(cpu) => f(super::real::slice(
-            T::cpu_storage_as_slice(cpu)?,
-            layout,
-            "gelu-mlp",
-        )?),
-        _ => bail!("gelu-mlp: the fused MLP runs on the CPU only"),
+/// Every expert's four tensors as slices, in `gelu_mlp`'s order.
+struct Weights<'a, T>(Vec<&'a [T]>);
+
+impl<'a, T> Weights<'a, T> {
+    /// W_fc (F, D) of expert e.
+    fn fc(&self, e: usize) -> &'a [T] {
+        self.0[4 * e]
+    }
+
+    /// b_fc (F) of expert e.
+    fn fc_bias(&self, e: usize) -> &'a [T] {
+        self.0[4 * e + 1]
+    }
+
+    /// W_proj (O, F) of expert e.
+    fn proj(&self, e: usize) -> &'a [T] {
+        self.0[4 * e + 2]
+    }
+
+    /// b_proj (O) of expert e.
+    fn proj_bias(&self, e: usize) -> &'a [T] {
+        self.0[4 * e + 3]
     }
 }
 
@@ -178,15 +202,14 @@ impl std::fmt::Debug for GeluMlp {
 }
 
 impl GeluMlp {
-    /// The sizes of x and W_fc, checked against the widths and the groups (the held tensors
-    /// were checked when the op was made).
+    /// The sizes of x and expert 0's W_fc, checked against the widths and the groups (the
+    /// held tensors were checked when the op was made).
     fn sizes(&self, x: &Layout, w_fc: &Layout) -> Result<Sizes> {
         let (m, d) = as_rows(x)?;
         let [wd, f, o] = self.widths;
-        let e = self.counts.len();
-        if d != wd || w_fc.dims() != [e * f, d] {
+        if d != wd || w_fc.dims() != [f, d] {
             bail!(
-                "gelu-mlp: input {:?} and W_fc {:?} for {e} experts of widths {:?}",
+                "gelu-mlp: input {:?} and W_fc {:?} for widths {:?}",
                 x.dims(),
                 w_fc.dims(),
                 self.widths
@@ -212,24 +235,35 @@ impl GeluMlp {
         (blocks, work)
     }
 
-    /// y (M, O), keeping pre and h: each block of rows through fc, GELU and proj in turn.
-    fn forward<T: Real>(&self, x: &[T], w_fc: &[T], s: Sizes) -> Result<Vec<T>> {
-        let [b_fc, w_proj, b_proj] = &self.held;
-        with_values(b_fc, |b_fc| {
-            with_values(w_proj, |w_proj| {
-                with_values(b_proj, |b_proj| {
-                    self.run(x, [w_fc, b_fc, w_proj, b_proj], s)
-                })
-            })
-        })
+    /// `f` of every expert's tensors: expert 0's W_fc is `w_fc` (the op's input, which candle
+    /// has locked for the call), the rest are read from the held tensors.
+    fn with_weights<T: Real, R>(
+        &self,
+        w_fc: &[T],
+        f: impl FnOnce(&Weights<T>) -> Result<R>,
+    ) -> Result<R> {
+        let locked: Vec<_> = self.held.iter().map(|t| t.storage_and_layout()).collect();
+        let mut all = Vec::with_capacity(locked.len() + 1);
+        all.push(w_fc);
+        for (storage, layout) in &locked {
+            match &**storage {
+                Storage::Cpu(cpu) => all.push(super::real::slice(
+                    T::cpu_storage_as_slice(cpu)?,
+                    layout,
+                    "gelu-mlp",
+                )?),
+                _ => bail!("gelu-mlp: the fused MLP runs on the CPU only"),
+            }
+        }
+        f(&Weights(all))
     }
 
-    fn run<T: Real>(
-        &self,
-        x: &[T],
-        [w_fc, b_fc, w_proj, b_proj]: [&[T]; 4],
-        s: Sizes,
-    ) -> Result<Vec<T>> {
+    /// y (M, O), keeping pre and h: each block of rows through fc, GELU and proj in turn.
+    fn forward<T: Real>(&self, x: &[T], w_fc: &[T], s: Sizes) -> Result<Vec<T>> {
+        self.with_weights(w_fc, |w| self.run(x, w, s))
+    }
+
+    fn run<T: Real>(&self, x: &[T], w: &Weights<T>, s: Sizes) -> Result<Vec<T>> {
         let Sizes { m, d, f, o } = s;
         let mut pre = Vec::<T>::with_capacity(m * f);
         let mut h = Vec::<T>::with_capacity(m * f);
@@ -243,9 +277,9 @@ impl GeluMlp {
         for_each_block(blocks.len(), work, |i| {
             let (ex, r0, r1) = blocks[i];
             let rows = r1 - r0;
-            let w_fc_t = View::rows(ex * f * d, d).transposed(); // W_fcᵀ (D, F)
-            let b = &b_fc[ex * f..(ex + 1) * f];
-            rows_product((r0, r1), (pre_p, m, f), (x, r0, d), (w_fc, w_fc_t), Some(b))?;
+            let w_fc_t = View::rows(0, d).transposed(); // W_fcᵀ (D, F)
+            let (w_fc, b) = (w.fc(ex), Some(w.fc_bias(ex)));
+            rows_product((r0, r1), (pre_p, m, f), (x, r0, d), (w_fc, w_fc_t), b)?;
             // SAFETY: rows r0..r1 of pre and h belong to this block alone, pre's were written
             // just above, and h's are written (after zeroing, piece by piece) before being read.
             let h_rows = unsafe {
@@ -258,15 +292,9 @@ impl GeluMlp {
                 }
                 std::slice::from_raw_parts(h_rows, rows * f)
             };
-            let w_proj_t = View::rows(ex * o * f, f).transposed(); // W_projᵀ (F, O)
-            let b = &b_proj[ex * o..(ex + 1) * o];
-            rows_product(
-                (r0, r1),
-                (y_p, m, o),
-                (h_rows, 0, f),
-                (w_proj, w_proj_t),
-                Some(b),
-            )
+            let w_proj_t = View::rows(0, f).transposed(); // W_projᵀ (F, O)
+            let (w_proj, b) = (w.proj(ex), Some(w.proj_bias(ex)));
+            rows_product((r0, r1), (y_p, m, o), (h_rows, 0, f), (w_proj, w_proj_t), b)
         })?;
         // SAFETY: the blocks cover every group's rows, and each wrote all of its rows of the
         // three buffers.
@@ -317,22 +345,31 @@ impl CustomOp3 for GeluMlp {
         let [d, f, o] = self.widths;
         let e = self.counts.len();
         let dx = g.apply_op2_no_bwd(w_fc, &back)?; // (.., D), keeping dL/dpre
-        let fc = x.apply_op1_no_bwd(&FcGrads(back.clone()))?; // [dW_fc | db_fc]
-        let proj = g.apply_op1_no_bwd(&ProjGrads(back))?; // [dW_proj | db_proj]
-        let dw_fc = fc.narrow(0, 0, e * f * d)?.reshape((e * f, d))?;
-        let db_fc = fc.narrow(0, e * f * d, e * f)?;
-        let dw_proj = proj.narrow(0, 0, e * o * f)?.reshape((e * o, f))?;
-        let db_proj = proj.narrow(0, e * o * f, e * o)?;
-        let mut held = self.grads.lock().unwrap_or_else(|p| p.into_inner());
-        *held = Some([dw_proj, db_fc, db_proj]);
-        Ok((Some(dx), Some(dw_fc), Some(link.zeros_like()?)))
+        let fc = x.apply_op1_no_bwd(&FcGrads(back.clone()))?; // [dW_fc .. | db_fc ..]
+        let proj = g.apply_op1_no_bwd(&ProjGrads(back))?; // [dW_proj .. | db_proj ..]
+
+        // Each expert's gradients are views of those two buffers, in `gelu_mlp`'s order.
+        let mut all = Vec::with_capacity(4 * e);
+        for ex in 0..e {
+            all.push(Some(fc.narrow(0, ex * f * d, f * d)?.reshape((f, d))?));
+            all.push(Some(fc.narrow(0, e * f * d + ex * f, f)?));
+            all.push(Some(proj.narrow(0, ex * o * f, o * f)?.reshape((o, f))?));
+            all.push(Some(proj.narrow(0, e * o * f + ex * o, o)?));
+        }
+        let dw_fc = all[0].take();
+        *self.grads.lock().unwrap_or_else(|p| p.into_inner()) = all;
+        Ok((Some(dx), dw_fc, Some(link.zeros_like()?)))
     }
 }
 
-/// The graph node of (W_proj, b_fc, b_proj): one value that `GeluMlp` takes as its third input,
-/// so candle's backward reaches these tensors, with the gradients that `GeluMlp`'s backward
-/// left.
-struct Link(Held);
+/// A graph node of three of the MLP's tensors (`first` = 1), or of the link before and two
+/// (`first` ≥ 4, their index in `gelu_mlp`'s order): one value, which the next link or
+/// `GeluMlp` takes, so that candle's backward reaches these tensors, with the gradients that
+/// `GeluMlp`'s backward left.
+struct Link {
+    grads: Held,
+    first: usize,
+}
 
 impl CustomOp3 for Link {
     fn name(&self) -> &'static str {
@@ -355,17 +392,23 @@ impl CustomOp3 for Link {
 
     fn bwd(
         &self,
-        _w_proj: &Tensor,
-        _b_fc: &Tensor,
-        _b_proj: &Tensor,
+        a: &Tensor,
+        _b: &Tensor,
+        _c: &Tensor,
         _res: &Tensor,
         _grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let Some([dw_proj, db_fc, db_proj]) = held.take() else {
-            bail!("gelu-mlp: the parameters' backward ran before the MLP's");
+        let mut held = self.grads.lock().unwrap_or_else(|p| p.into_inner());
+        let mut take = |i: usize| match held.get_mut(i).and_then(Option::take) {
+            Some(g) => Ok(g),
+            None => bail!("gelu-mlp: the parameters' backward ran before the MLP's"),
         };
-        Ok((Some(dw_proj), Some(db_fc), Some(db_proj)))
+        let i = self.first;
+        if i == 1 {
+            Ok((Some(take(1)?), Some(take(2)?), Some(take(3)?)))
+        } else {
+            Ok((Some(a.zeros_like()?), Some(take(i)?), Some(take(i + 1)?)))
+        }
     }
 }
 
@@ -381,12 +424,10 @@ impl Backward {
     /// dx (M, D) from g (M, O): each block of rows through dh = g·W_proj, dpre = dh ⊙
     /// gelu'(pre) and dx = dpre·W_fc in turn; keeps dpre.
     fn input<T: Real>(&self, g: &[T], w_fc: &[T], s: Sizes) -> Result<Vec<T>> {
-        with_values(&self.mlp.held[1], |w_proj| {
-            self.input_with(g, w_fc, w_proj, s)
-        })
+        self.mlp.with_weights(w_fc, |w| self.input_with(g, w, s))
     }
 
-    fn input_with<T: Real>(&self, g: &[T], w_fc: &[T], w_proj: &[T], s: Sizes) -> Result<Vec<T>> {
+    fn input_with<T: Real>(&self, g: &[T], w: &Weights<T>, s: Sizes) -> Result<Vec<T>> {
         let Sizes { m, d, f, o } = s;
         let mut dpre = Vec::<T>::with_capacity(m * f);
         let mut dx = Vec::<T>::with_capacity(m * d);
@@ -402,14 +443,8 @@ impl Backward {
             for_each_block(blocks.len(), work, |i| {
                 let (ex, r0, r1) = blocks[i];
                 let rows = r1 - r0;
-                let w_proj_v = View::rows(ex * o * f, f); // W_proj (O, F)
-                rows_product(
-                    (r0, r1),
-                    (dpre_p, m, f),
-                    (g, r0, o),
-                    (w_proj, w_proj_v),
-                    None,
-                )?;
+                let w_proj = (w.proj(ex), View::rows(0, f)); // W_proj (O, F)
+                rows_product((r0, r1), (dpre_p, m, f), (g, r0, o), w_proj, None)?;
                 // dpre ← dh ⊙ gelu'(pre), piece by piece through a copy of dh.
                 let mut dh = vec![T::zero(); PIECE.min(rows * f)];
                 for start in (r0 * f..r1 * f).step_by(PIECE) {
@@ -423,14 +458,8 @@ impl Backward {
                 // SAFETY: as above; the loop wrote every value of these rows.
                 let dpre_rows =
                     unsafe { std::slice::from_raw_parts(dpre_p.ptr().add(r0 * f), rows * f) };
-                let w_fc_v = View::rows(ex * f * d, d); // W_fc (F, D)
-                rows_product(
-                    (r0, r1),
-                    (dx_p, m, d),
-                    (dpre_rows, 0, f),
-                    (w_fc, w_fc_v),
-                    None,
-                )
+                let w_fc = (w.fc(ex), View::rows(0, d)); // W_fc (F, D)
+                rows_product((r0, r1), (dx_p, m, d), (dpre_rows, 0, f), w_fc, None)
             })
         })?;
         // SAFETY: the blocks cover every group's rows, each wrote all of its rows of both.
