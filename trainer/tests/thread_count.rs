@@ -1,8 +1,9 @@
 //! The fused CPU ops give the same bits whatever the number of threads: every way they split
 //! work across threads (blocks of rows, whole MoE experts, the (batch, head) pairs of the
-//! attention, the chunks of a weight gradient's sum over the tokens, the MLP's blocks of rows)
-//! leaves each value summed in the same order. One test in a binary of its own, since the thread count is process-wide
-//! (candle reads it from the environment at every op).
+//! attention, the chunks of a weight gradient's sum over the tokens, the MLP's blocks of rows,
+//! the MoE combine's blocks of tokens and of assignments) leaves each value summed in the same
+//! order. One test in a binary of its own, since the thread count is process-wide (candle reads
+//! it from the environment at every op).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
 
@@ -14,7 +15,7 @@ use op_kit::{autograd, bits, output_and_grads, outputs_and_grads, values};
 use trainer::kernels::attention::fused_causal_attention;
 use trainer::kernels::linear::{fused_linear, linear_gelu};
 use trainer::kernels::norm::fused_layer_norm;
-use trainer::kernels::{gelu_mlp, grouped_linear};
+use trainer::kernels::{combine_rows, gelu_mlp, grouped_linear};
 
 /// The bits of the outputs and gradients of each op, on shapes that split across threads.
 fn every_op() -> Result<Vec<Vec<u32>>> {
@@ -62,6 +63,17 @@ fn every_op() -> Result<Vec<Vec<u32>>> {
     };
     let g_mlp = values(&[m, d_in], DType::F32, 1.1)?;
     all.extend(outputs_and_grads(&mlp, &inputs, &g_mlp)?.1);
+
+    // The experts' outputs back into 3,000 tokens of top-2, weighted by their gates.
+    let (tokens, slots): (Vec<u32>, Vec<u32>) = (0..n as u32)
+        .flat_map(|t| [(t, 2 * t), (t, 2 * t + 1)])
+        .filter(|&(t, _)| t % 5 != 2)
+        .unzip();
+    let ys = values(&[tokens.len(), d_in], DType::F32, 0.6)?;
+    let gates = values(&[n, 2], DType::F32, 1.4)?;
+    let g = values(&[n, d_in], DType::F32, 0.8)?;
+    let combine = |t: &[Tensor]| combine_rows(&t[0], &t[1], &tokens, &slots);
+    all.extend(outputs_and_grads(&combine, &[&ys, &gates], &g)?.1);
 
     // Causal attention at T = 150 (three blocks of rows per head), 3 × 4 (batch, head) pairs.
     let (bsz, t, h, hd) = (3, 150, 4, 8);

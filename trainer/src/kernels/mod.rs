@@ -15,6 +15,7 @@
 //! | [`linear_gelu`] | tanh-GELU(x·Wᵀ + b), a GELU MLP's first layer | the linear's GEMMs and the GELU's passes in one graph node |
 //! | [`gelu_mlp`] | gelu(x·W_fcᵀ + b_fc)·W_projᵀ + b_proj, a dense MLP or every expert on its group of rows | one op: each block of rows through both GEMMs and the GELU in turn, dL/dh never a graph edge |
 //! | [`grouped_linear`] | each group of rows through its own linear layer (MoE experts), optionally GELU | one op for all experts: each group's GEMMs on its own rows, no narrow/cat gradient copies |
+//! | [`combine_rows`] | Σ gate · expert output back into each token's row (MoE) | one op: each token's row written once; dL/dys and dL/dgates once each |
 //! | [`causal_softmax`] | softmax(scale·s + causal mask) | one pass each way |
 //! | [`CausalAttention`] | softmax(q·kᵀ/√hd + mask)·v per head, RoPE | packed q/k/v to merged heads in one op; with the q/k/v projection in the same op (`forward_projected`) |
 //! | [`cross_entropy`] | mean −log softmax(logits)[target] | one pass each way |
@@ -31,6 +32,7 @@ pub mod adamw;
 pub mod attention;
 pub mod autocast;
 pub mod bias;
+pub mod combine;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod gelu;
@@ -55,6 +57,7 @@ use candle_core::{DType, Tensor};
 
 pub use attention::{CausalAttention, Rope};
 pub use bias::add_bias;
+pub use combine::combine_rows;
 pub use gelu::gelu_tanh;
 pub use grouped::grouped_linear;
 pub use linear::{linear, linear_gelu};

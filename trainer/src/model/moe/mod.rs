@@ -160,13 +160,11 @@ impl MoeLayer {
         plan: &RoutePlan,
         mut rng: Option<&mut DropoutRng>,
     ) -> Result<Tensor> {
-        let y = xf.zeros_like()?; // (N, D)
         if plan.tokens.is_empty() {
-            return Ok(y);
+            return xf.zeros_like(); // (N, D)
         }
         let (m, dev) = (plan.tokens.len(), xf.device());
         let tokens = Tensor::from_vec(plan.tokens.clone(), m, dev)?; // (M,)
-        let slots = Tensor::from_vec(plan.slots.clone(), m, dev)?; // (M,)
         let xs = kernels::gather_rows(xf, &tokens)?; // (M, D), grouped by expert
         let ys = match self.plain_experts(xf) {
             // All experts as one op per layer (see `kernels::mlp`).
@@ -184,8 +182,7 @@ impl MoeLayer {
                 Tensor::cat(&outs, 0)? // (M, D)
             }
         };
-        let g = kernels::gather_rows(&gates.reshape(((), 1))?, &slots)?; // (M, 1)
-        kernels::add_rows(&y, &tokens, &ys.broadcast_mul(&g)?) // (N, D)
+        kernels::combine_rows(&ys, gates, &plan.tokens, &plan.slots) // (N, D)
     }
 
     /// Every expert's (W_fc, b_fc, W_proj, b_proj) when the fused CPU ops run and every expert
