@@ -29,16 +29,30 @@ fn routing(n: usize, k: usize) -> (Vec<u32>, Vec<u32>) {
     pairs.into_iter().unzip()
 }
 
+/// The routing of n tokens with k choices, expert outputs ys (M, d), gates (N, k) and an
+/// upstream gradient (N, d) in `dtype`.
+type Inputs = (Vec<u32>, Vec<u32>, Tensor, Tensor, Tensor);
+
+fn inputs((n, k, d): (usize, usize, usize), dtype: DType) -> Result<Inputs> {
+    let (tokens, slots) = routing(n, k);
+    let ys = values(&[tokens.len(), d], dtype, 0.3)?;
+    let gates = values(&[n, k], dtype, 1.1)?;
+    let g = values(&[n, d], dtype, 0.7)?;
+    Ok((tokens, slots, ys, gates, g))
+}
+
+/// The f32 values of `bits`.
+fn floats(bits: &[u32]) -> Vec<f32> {
+    bits.iter().map(|&b| f32::from_bits(b)).collect()
+}
+
 #[test]
 fn the_output_and_rows_gradient_are_the_primitive_ops_bits_and_the_gates_gradient_their_value(
 ) -> Result<()> {
     // 3,000 tokens of top-2: blocks on both threads; a width that is no multiple of 16.
     let (n, k, d) = (3000, 2, 37);
-    let (tokens, slots) = routing(n, k);
-    let m = tokens.len();
-    let ys = values(&[m, d], DType::F32, 0.3)?;
-    let gates = (values(&[n, k], DType::F32, 1.1)? * 0.25)?;
-    let g = values(&[n, d], DType::F32, 0.7)?;
+    let (tokens, slots, ys, gates, g) = inputs((n, k, d), DType::F32)?;
+    let gates = (gates * 0.25)?;
     let op = |t: &[Tensor]| combine_rows(&t[0], &t[1], &tokens, &slots);
     let (dims, fused) = outputs_and_grads(&op, &[&ys, &gates], &g)?;
     assert_eq!(dims, [n, d]);
@@ -49,10 +63,7 @@ fn the_output_and_rows_gradient_are_the_primitive_ops_bits_and_the_gates_gradien
     assert_eq!(fused[0], primitive[0], "y");
     assert_eq!(fused[1], primitive[1], "dL/dys");
     // dL/dgates sums D products in another order: equal to rounding, not bit for bit.
-    let as_tensor = |b: &[u32]| {
-        let v: Vec<f32> = b.iter().map(|&x| f32::from_bits(x)).collect();
-        Tensor::from_vec(v, (n, k), &candle_core::Device::Cpu)
-    };
+    let as_tensor = |b: &[u32]| Tensor::from_vec(floats(b), (n, k), &candle_core::Device::Cpu);
     let (fused_dg, primitive_dg) = (as_tensor(&fused[2])?, as_tensor(&primitive[2])?);
     let diff = max_abs_diff(&fused_dg, &primitive_dg)?;
     let scale: f32 = primitive_dg.abs()?.flatten_all()?.max(0)?.to_scalar()?;
@@ -67,14 +78,10 @@ fn the_output_and_rows_gradient_are_the_primitive_ops_bits_and_the_gates_gradien
 #[test]
 fn dropped_assignments_and_tokens_without_any_get_no_output_and_no_gradient() -> Result<()> {
     let (n, k, d) = (6, 2, 3);
-    let (tokens, slots) = routing(n, k);
-    let ys = values(&[tokens.len(), d], DType::F32, 0.3)?;
-    let gates = values(&[n, k], DType::F32, 1.1)?;
-    let g = values(&[n, d], DType::F32, 0.7)?;
+    let (tokens, slots, ys, gates, g) = inputs((n, k, d), DType::F32)?;
     let op = |t: &[Tensor]| combine_rows(&t[0], &t[1], &tokens, &slots);
     let (_, fused) = outputs_and_grads(&op, &[&ys, &gates], &g)?;
-    let y: Vec<f32> = fused[0].iter().map(|&b| f32::from_bits(b)).collect();
-    let dgates: Vec<f32> = fused[2].iter().map(|&b| f32::from_bits(b)).collect();
+    let (y, dgates) = (floats(&fused[0]), floats(&fused[2]));
     // The last token kept nothing: a zero row.
     assert!(y[(n - 1) * d..].iter().all(|&v| v == 0.0), "{y:?}");
     for (s, &dg) in dgates.iter().enumerate() {
@@ -93,10 +100,7 @@ fn dropped_assignments_and_tokens_without_any_get_no_output_and_no_gradient() ->
 
 #[test]
 fn combine_gradients_match_finite_differences_on_the_fused_and_primitive_paths() -> Result<()> {
-    let (n, k, d) = (5, 2, 3);
-    let (tokens, slots) = routing(n, k);
-    let ys = values(&[tokens.len(), d], DType::F64, 0.3)?;
-    let gates = values(&[n, k], DType::F64, 1.1)?;
+    let (tokens, slots, ys, gates, _) = inputs((5, 2, 3), DType::F64)?;
     for primitive in [false, true] {
         let _scope = primitive.then(primitives_only);
         let worst = check_gradient(|v| combine_rows(v, &gates, &tokens, &slots), ys.dims())?;

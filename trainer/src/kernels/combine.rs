@@ -103,20 +103,22 @@ impl Plan {
         })
     }
 
-    /// Checks an (M, D) operand and an (N, ·) one against the plan; returns D.
-    fn check(&self, op: &str, per_row: &Layout, per_token: &Layout) -> Result<usize> {
-        let (m, d) = per_row.shape().dims2()?;
-        let (n, _) = per_token.shape().dims2()?;
-        if m != self.tokens.len() || n != self.gates.0 {
-            bail!(
-                "{op}: {:?} and {:?} for {} assignments of {} tokens",
-                per_row.dims(),
-                per_token.dims(),
-                self.tokens.len(),
-                self.gates.0
-            );
+    /// The width D of an operand with a row per assignment (M, D).
+    fn per_row(&self, op: &str, l: &Layout) -> Result<usize> {
+        let (m, d) = l.shape().dims2()?;
+        if m != self.tokens.len() {
+            bail!("{op}: {:?} for {} assignments", l.dims(), self.tokens.len());
         }
         Ok(d)
+    }
+
+    /// The width of an operand with a row per token (N, ·), which must be `width` if given.
+    fn per_token(&self, op: &str, l: &Layout, width: Option<usize>) -> Result<usize> {
+        let (n, w) = l.shape().dims2()?;
+        if n != self.gates.0 || width.is_some_and(|want| want != w) {
+            bail!("{op}: {:?} for {} tokens", l.dims(), self.gates.0);
+        }
+        Ok(w)
     }
 }
 
@@ -151,11 +153,9 @@ impl CustomOp2 for Combine {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let d = self.0.check(self.name(), l1, l2)?;
-        if l2.dims() != [self.0.gates.0, self.0.gates.1] {
-            bail!("combine-rows: gates {:?} for {:?}", l2.dims(), self.0.gates);
-        }
         let name = self.name();
+        let d = self.0.per_row(name, l1)?; // ys (M, D)
+        self.0.per_token(name, l2, Some(self.0.gates.1))?; // gates (N, k)
         let out =
             float_kernel!(name; ys = (s1, l1), gates = (s2, l2) => self.forward(ys, gates, d)?);
         Ok((out, Shape::from((self.0.gates.0, d))))
@@ -190,19 +190,10 @@ impl CustomOp2 for RowGrads {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let p = &self.0;
-        let (n, d) = l1.shape().dims2()?;
-        if n != p.gates.0 || l2.dims() != [p.gates.0, p.gates.1] {
-            bail!(
-                "{}: dL/dy {:?} and gates {:?} for {:?}",
-                self.name(),
-                l1.dims(),
-                l2.dims(),
-                p.gates
-            );
-        }
+        let (p, name) = (&self.0, self.name());
+        let d = p.per_token(name, l1, None)?; // dL/dy (N, D)
+        p.per_token(name, l2, Some(p.gates.1))?; // gates (N, k)
         let m = p.tokens.len();
-        let name = self.name();
         let out = float_kernel!(name; dy = (s1, l1), gates = (s2, l2) => filled_by_rows(m * d, d, |i, row| {
             let (t, g) = (p.tokens[i] as usize, gates[p.slots[i] as usize]);
             for (o, &v) in row.iter_mut().zip(&dy[t * d..(t + 1) * d]) {
@@ -231,11 +222,11 @@ impl CustomOp2 for GateGrads {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let p = &self.0;
-        let d = p.check(self.name(), l2, l1)?;
+        let (p, name) = (&self.0, self.name());
+        let d = p.per_row(name, l2)?; // ys (M, D)
+        p.per_token(name, l1, Some(d))?; // dL/dy (N, D)
         let (n, k) = p.gates;
         let work = p.tokens.len() * d;
-        let name = self.name();
         let out = float_kernel!(name; dy = (s1, l1), ys = (s2, l2) => filled_by_chunks(n * k, GATE_BLOCK, work, |b, chunk| {
             for (i, o) in chunk.iter_mut().enumerate() {
                 let s = b * GATE_BLOCK + i;
