@@ -274,6 +274,7 @@ macro_rules! multiversion {
         }
     };
 }
+pub(crate) use multiversion;
 
 multiversion! {
     /// xs ← e^xs, element-wise.

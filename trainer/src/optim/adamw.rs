@@ -100,15 +100,21 @@ impl Optimizer for AdamW {
         }) {
             return self.step_cuda(grads, lr, bc1, bc2);
         }
+        // f32 CPU tensors in place, in groups (see `kernels::adamw`); anything else with
+        // candle ops below.
+        let grads: Vec<Option<Tensor>> = grads
+            .iter()
+            .map(|g| g.as_ref().map(grad_f32).transpose())
+            .collect::<Result<_>>()?;
+        let mut in_place = Vec::new();
+        let mut rest = Vec::new();
         for (i, p) in self.params.iter().enumerate() {
             let Some(g) = grads.get(i).and_then(|g| g.as_ref()) else {
                 continue;
             };
-            let g = grad_f32(g)?;
             let w = p.var.as_tensor();
-            if adamw::available(w, &g, &self.m[i], &self.v[i]) {
-                // The same values, in place and in three passes (see `kernels::adamw`).
-                let k = adamw::AdamWStep {
+            if adamw::available(w, g, &self.m[i], &self.v[i]) {
+                let step = adamw::AdamWStep {
                     beta1,
                     beta2,
                     eps,
@@ -116,9 +122,21 @@ impl Optimizer for AdamW {
                     inv_sqrt_bc2: 1.0 / bc2.sqrt(),
                     shrink: (p.decay && weight_decay != 0.0).then_some(1.0 - lr * weight_decay),
                 };
-                adamw::update(w, &g, &self.m[i], &self.v[i], k)?;
-                continue;
+                in_place.push(adamw::Update {
+                    w,
+                    g,
+                    m: &self.m[i],
+                    v: &self.v[i],
+                    step,
+                });
+            } else {
+                rest.push((i, g));
             }
+        }
+        adamw::update_all(&in_place)?;
+        drop(in_place);
+        for (i, g) in rest {
+            let p = &self.params[i];
             // m ← β1·m + (1-β1)·g ;  v ← β2·v + (1-β2)·g²
             let m = (self.m[i].affine(beta1, 0.0)? + g.affine(1.0 - beta1, 0.0)?)?;
             let v = (self.v[i].affine(beta2, 0.0)? + g.sqr()?.affine(1.0 - beta2, 0.0)?)?;
@@ -263,63 +281,133 @@ mod tests {
         assert_eq!(state["m.w"].dtype(), DType::F32);
     }
 
+    /// `n` values of a sine wave.
+    fn wave(n: usize, phase: f64, scale: f64) -> Tensor {
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i as f64 * 0.37 + phase).sin() * scale) as f32)
+            .collect();
+        Tensor::from_vec(v, n, &Device::Cpu).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.to_vec1::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f32::to_bits)
+            .collect()
+    }
+
+    /// Step t of the update as candle tensor ops (the path other devices and dtypes take):
+    /// (w, m, v) → the new (w, m, v).
+    fn tensor_op_step(
+        (w, m, v): (Tensor, Tensor, Tensor),
+        g: &Tensor,
+        (lr, t, decay): (f64, i32, bool),
+    ) -> (Tensor, Tensor, Tensor) {
+        let AdamWParams {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = hp();
+        let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+        let m = (m.affine(beta1, 0.0).unwrap() + g.affine(1.0 - beta1, 0.0).unwrap()).unwrap();
+        let g2 = g.sqr().unwrap().affine(1.0 - beta2, 0.0).unwrap();
+        let v = (v.affine(beta2, 0.0).unwrap() + g2).unwrap();
+        let denom = v.sqrt().unwrap().affine(1.0 / bc2.sqrt(), eps).unwrap();
+        let update = (m.affine(lr / bc1, 0.0).unwrap() / denom).unwrap();
+        let w = if decay {
+            w.affine(1.0 - lr * weight_decay, 0.0).unwrap()
+        } else {
+            w
+        };
+        ((w - update).unwrap(), m, v)
+    }
+
     #[test]
     fn the_in_place_cpu_update_gives_the_bits_of_the_tensor_op_formula() {
         // 40,000 values: several parallel blocks; with and without decay, three steps.
         let n = 40_000;
-        let wave = |phase: f64, scale: f64| -> Tensor {
-            let v: Vec<f32> = (0..n)
-                .map(|i| ((i as f64 * 0.37 + phase).sin() * scale) as f32)
-                .collect();
-            Tensor::from_vec(v, n, &Device::Cpu).unwrap()
-        };
         for decay in [true, false] {
             let param = Param {
                 name: "w".into(),
-                var: Var::from_tensor(&wave(0.1, 1.0)).unwrap(),
+                var: Var::from_tensor(&wave(n, 0.1, 1.0)).unwrap(),
                 decay,
             };
             let mut opt = AdamW::new(vec![param], hp()).unwrap();
-            let (mut w, mut m, mut v) = (wave(0.1, 1.0), wave(0.0, 0.0), wave(0.0, 0.0));
-            let (
-                AdamWParams {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                },
-                lr,
-            ) = (hp(), 0.05);
+            let mut want = (wave(n, 0.1, 1.0), wave(n, 0.0, 0.0), wave(n, 0.0, 0.0));
             for t in 1..=3 {
-                let g = wave(t as f64, 0.01 * t as f64);
-                opt.step(&[Some(g.clone())], lr).unwrap();
-                // The update as candle tensor ops (the path other devices and dtypes take).
-                let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
-                m = (m.affine(beta1, 0.0).unwrap() + g.affine(1.0 - beta1, 0.0).unwrap()).unwrap();
-                let g2 = g.sqr().unwrap().affine(1.0 - beta2, 0.0).unwrap();
-                v = (v.affine(beta2, 0.0).unwrap() + g2).unwrap();
-                let denom = v.sqrt().unwrap().affine(1.0 / bc2.sqrt(), eps).unwrap();
-                let update = (m.affine(lr / bc1, 0.0).unwrap() / denom).unwrap();
-                if decay {
-                    w = w.affine(1.0 - lr * weight_decay, 0.0).unwrap();
-                }
-                w = (w - update).unwrap();
-                let bits = |t: &Tensor| -> Vec<u32> {
-                    t.to_vec1::<f32>()
-                        .unwrap()
-                        .into_iter()
-                        .map(f32::to_bits)
-                        .collect()
-                };
-                assert_eq!(
-                    bits(opt.params()[0].var.as_tensor()),
-                    bits(&w),
-                    "w, step {t}"
-                );
-                assert_eq!(bits(&opt.m[0]), bits(&m), "m, step {t}");
-                assert_eq!(bits(&opt.v[0]), bits(&v), "v, step {t}");
+                let g = wave(n, t as f64, 0.01 * t as f64);
+                opt.step(&[Some(g.clone())], 0.05).unwrap();
+                want = tensor_op_step(want, &g, (0.05, t, decay));
+                let w = opt.params()[0].var.as_tensor();
+                assert_eq!(bits(w), bits(&want.0), "w, step {t}");
+                assert_eq!(bits(&opt.m[0]), bits(&want.1), "m, step {t}");
+                assert_eq!(bits(&opt.v[0]), bits(&want.2), "v, step {t}");
             }
         }
+    }
+
+    #[test]
+    fn many_parameters_updated_in_groups_get_the_bits_of_the_tensor_op_formula() {
+        // 120 parameters (more than one group of the in-place update), sizes from 1 value to
+        // several blocks, every third one not decayed, every seventh without a gradient in
+        // the first step (an idle expert).
+        let size = |i: usize| [1, 7, 300, 20_000, 40_000][i % 5];
+        let params: Vec<Param> = (0..120)
+            .map(|i| Param {
+                name: format!("p{i:03}"),
+                var: Var::from_tensor(&wave(size(i), i as f64, 1.0)).unwrap(),
+                decay: i % 3 != 0,
+            })
+            .collect();
+        let mut opt = AdamW::new(params, hp()).unwrap();
+        let mut want: Vec<_> = (0..120)
+            .map(|i| {
+                let zeros = Tensor::zeros(size(i), DType::F32, &Device::Cpu).unwrap();
+                (wave(size(i), i as f64, 1.0), zeros.clone(), zeros)
+            })
+            .collect();
+        // Steps that had a gradient, per parameter (the bias corrections use the optimizer's
+        // step count, as the update does).
+        for t in 1..=2 {
+            let grads: Vec<Option<Tensor>> = (0..120)
+                .map(|i| (t > 1 || i % 7 != 0).then(|| wave(size(i), (t * i) as f64, 0.01)))
+                .collect();
+            opt.step(&grads, 0.05).unwrap();
+            for (i, g) in grads.iter().enumerate() {
+                if let Some(g) = g {
+                    want[i] = tensor_op_step(want[i].clone(), g, (0.05, t as i32, i % 3 != 0));
+                }
+                let w = opt.params()[i].var.as_tensor();
+                assert_eq!(bits(w), bits(&want[i].0), "w of parameter {i}, step {t}");
+                assert_eq!(
+                    bits(&opt.m[i]),
+                    bits(&want[i].1),
+                    "m of parameter {i}, step {t}"
+                );
+                assert_eq!(
+                    bits(&opt.v[i]),
+                    bits(&want[i].2),
+                    "v of parameter {i}, step {t}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn parameters_that_share_storage_are_refused_not_updated_twice() {
+        let shared = Var::new(&[1.0f32, -2.0], &Device::Cpu).unwrap();
+        let params = ["a", "b"].map(|name| Param {
+            name: name.into(),
+            var: shared.clone(),
+            decay: true,
+        });
+        let mut opt = AdamW::new(params.to_vec(), hp()).unwrap();
+        let g = Tensor::new(&[0.5f32, 0.1], &Device::Cpu).unwrap();
+        let err = opt.step(&[Some(g.clone()), Some(g)], 0.1).unwrap_err();
+        assert!(err.to_string().contains("share storage"), "{err}");
+        assert_eq!(values(&opt.params()[0]), vec![1.0, -2.0]);
     }
 
     #[test]
