@@ -167,24 +167,38 @@ unsafe fn pack_b(b: Operand, pc: usize, kc: usize, jc: usize, nc: usize, out: &m
                 _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(m0, src));
                 _mm512_storeu_ps(dst.add(16), _mm512_maskz_loadu_ps(m1, src.add(16)));
             }
-        } else if b.rs == 1 && (NR - 1) * b.cs <= i32::MAX as usize {
-            // Transposed operand (a weight Wᵀ, attention's Kᵀ and Vᵀ): each k step gathers
-            // the NR column values, 16 lanes at a time, lanes past `cols` zero. An element at a
-            // time, this pack was a tenth of the GEMM time of the forward linears.
-            let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            let stride = _mm512_set1_epi32(b.cs as i32);
-            let idx0 = _mm512_mullo_epi32(lane, stride);
-            let idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(16 * b.cs as i32));
-            let (m0, m1) = lane_masks(cols);
-            let col0 = b.ptr.add(pc + (jc + jr) * b.cs);
-            let zero = _mm512_setzero_ps();
-            for p in 0..kc {
-                let base = col0.add(p);
-                let v0 = _mm512_mask_i32gather_ps::<4>(zero, m0, idx0, base);
-                let v1 = _mm512_mask_i32gather_ps::<4>(zero, m1, idx1, base);
-                let dst = panel.as_mut_ptr().add(p * NR);
-                _mm512_storeu_ps(dst, v0);
-                _mm512_storeu_ps(dst.add(16), v1);
+        } else if b.rs == 1 {
+            // Transposed operand (a weight Wᵀ, attention's Kᵀ and Vᵀ): panel column j is a
+            // stored row, contiguous along k. Each half of the panel takes 16 such rows, 16 k
+            // steps at a time, and transposes them in registers. Gathering the 32 values of
+            // each k step instead took most of this pack's time on a Zen 4 (AVX-512 gathers
+            // are microcoded there), 4 % of a training step at d_model 512.
+            for half in 0..NR / 16 {
+                let j0 = 16 * half;
+                let live = cols.saturating_sub(j0).min(16);
+                let first = b.ptr.add(pc + (jc + jr + j0) * b.cs);
+                for p0 in (0..kc).step_by(16) {
+                    let steps = (kc - p0).min(16);
+                    let (mask, _) = lane_masks(steps);
+                    let dst = panel.as_mut_ptr().add(p0 * NR + j0);
+                    let mut r = [_mm512_setzero_ps(); 16];
+                    if live == 16 && steps == 16 {
+                        // The common case with constant bounds, so the block stays in registers.
+                        for (j, row) in r.iter_mut().enumerate() {
+                            *row = _mm512_loadu_ps(first.add(j * b.cs + p0));
+                        }
+                        for (p, v) in transpose16(r).iter().enumerate() {
+                            _mm512_storeu_ps(dst.add(p * NR), *v);
+                        }
+                        continue;
+                    }
+                    for (j, row) in r.iter_mut().enumerate().take(live) {
+                        *row = _mm512_maskz_loadu_ps(mask, first.add(j * b.cs + p0));
+                    }
+                    for (p, v) in transpose16(r).iter().enumerate().take(steps) {
+                        _mm512_storeu_ps(dst.add(p * NR), *v);
+                    }
+                }
             }
         } else {
             // Any other layout: walk each column along k.
@@ -202,6 +216,51 @@ unsafe fn pack_b(b: Operand, pc: usize, kc: usize, jc: usize, nc: usize, out: &m
             }
         }
     }
+}
+
+/// The transpose of a 16 × 16 block held as 16 row vectors: out[c] lane r = r[r] lane c.
+/// Pairs of rows are interleaved by 32-bit, then 64-bit elements within each 128-bit lane
+/// (after which lane L of vector 4·q + i holds column 4L + i of rows 4q..4q+4), then the
+/// 128-bit lanes are regrouped in two rounds of `shuffle_f32x4`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in (0..16).step_by(2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    // u[4q + i]: column 4L + i of rows 4q..4q+4 in each lane L.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for q in 0..4 {
+        let (a, b) = (
+            [_mm512_castps_pd(t[4 * q]), _mm512_castps_pd(t[4 * q + 1])],
+            [
+                _mm512_castps_pd(t[4 * q + 2]),
+                _mm512_castps_pd(t[4 * q + 3]),
+            ],
+        );
+        u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(a[0], b[0]));
+        u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a[0], b[0]));
+        u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a[1], b[1]));
+        u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a[1], b[1]));
+    }
+    // v[i], v[4 + i] (i < 4): lanes 0 and 2, then 1 and 3, of rows 0..4 and 4..8; v[8..] the
+    // same for rows 8..16.
+    let mut v = [_mm512_setzero_ps(); 16];
+    for h in [0, 8] {
+        for i in 0..4 {
+            v[h + i] = _mm512_shuffle_f32x4::<0x88>(u[h + i], u[h + 4 + i]);
+            v[h + 4 + i] = _mm512_shuffle_f32x4::<0xdd>(u[h + i], u[h + 4 + i]);
+        }
+    }
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..8 {
+        out[c] = _mm512_shuffle_f32x4::<0x88>(v[c], v[c + 8]);
+        out[c + 8] = _mm512_shuffle_f32x4::<0xdd>(v[c], v[c + 8]);
+    }
+    out
 }
 
 /// Packs A[ic.., pc..] (mc × kc) into panels of MR rows: panel q holds, for each p, the MR
