@@ -69,12 +69,14 @@ const GROUP: usize = 48;
 const BLOCK: usize = 16 * 1024;
 
 /// One AdamW step of every update (each one's tensors as `available` requires), in place.
-/// Tensors that the updates write (every w, m and v) must not share storage with each other.
+/// Tensors that the updates write (every w, m and v) must not share storage with each other
+/// or with a gradient; such updates are refused with an error, before anything is written.
 pub fn update_all(updates: &[Update<'_>]) -> Result<()> {
     let updates: Vec<&Update> = updates.iter().filter(|u| u.w.elem_count() > 0).collect();
     for group in updates.chunks(GROUP) {
         let written: Vec<&Tensor> = group.iter().flat_map(|u| [u.w, u.m, u.v]).collect();
-        distinct(&written)?;
+        let grads: Vec<&Tensor> = group.iter().map(|u| u.g).collect();
+        distinct(&written, &grads)?;
         let held = RefCell::new(Vec::with_capacity(written.len()));
         let run = |slices: &[Held]| update_group(group, slices);
         match written.split_first() {
@@ -89,18 +91,26 @@ pub fn update_all(updates: &[Update<'_>]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses tensors that share an allocation: locking the second would wait forever for the
-/// first, and the update would write the same values twice.
-fn distinct(tensors: &[&Tensor]) -> Result<()> {
-    let mut seen = HashSet::with_capacity(tensors.len());
-    for t in tensors {
+/// Refuses written tensors that share an allocation, and gradients that share one with a
+/// written tensor: locking the second would wait forever for the first (and the update would
+/// write the same values twice, or read what it is writing).
+fn distinct(written: &[&Tensor], grads: &[&Tensor]) -> Result<()> {
+    let key = |t: &Tensor| -> Result<usize> {
         let (storage, _) = t.storage_and_layout();
-        let key = match &*storage {
-            Storage::Cpu(CpuStorage::F32(v)) => v.as_ptr() as usize,
+        match &*storage {
+            Storage::Cpu(CpuStorage::F32(v)) => Ok(v.as_ptr() as usize),
             _ => bail!("adamw: the CPU update takes f32 tensors on the CPU only"),
-        };
-        if !seen.insert(key) {
+        }
+    };
+    let mut seen = HashSet::with_capacity(written.len());
+    for t in written {
+        if !seen.insert(key(t)?) {
             bail!("adamw: two parameters or moments share storage, so they cannot be updated in place");
+        }
+    }
+    for g in grads {
+        if seen.contains(&key(g)?) {
+            bail!("adamw: a gradient shares storage with a parameter or a moment, so they cannot be updated in place");
         }
     }
     Ok(())

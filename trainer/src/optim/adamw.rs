@@ -411,6 +411,18 @@ mod tests {
     }
 
     #[test]
+    fn a_gradient_sharing_the_parameters_storage_is_refused() {
+        let mut opt = AdamW::new(vec![one_param(true)], hp()).unwrap();
+        let g = opt.params()[0].var.as_tensor().clone();
+        let err = opt.step(&[Some(g)], 0.1).unwrap_err();
+        assert!(
+            err.to_string().contains("a gradient shares storage"),
+            "{err}"
+        );
+        assert_eq!(values(&opt.params()[0]), vec![1.0, -2.0]);
+    }
+
+    #[test]
     fn a_saved_state_does_not_change_when_the_optimizer_steps_again() {
         let mut opt = AdamW::new(vec![one_param(true)], hp()).unwrap();
         let g = Tensor::new(&[0.5f32, 0.1], &Device::Cpu).unwrap();
