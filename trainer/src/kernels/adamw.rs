@@ -71,12 +71,15 @@ const BLOCK: usize = 16 * 1024;
 /// One AdamW step of every update (each one's tensors as `available` requires), in place.
 /// Tensors that the updates write (every w, m and v) must not share storage with each other
 /// or with a gradient; such updates are refused with an error, before anything is written.
-pub fn update_all(updates: &[Update<'_>]) -> Result<()> {
+pub fn update_all<'a>(updates: &[Update<'a>]) -> Result<()> {
     let updates: Vec<&Update> = updates.iter().filter(|u| u.w.elem_count() > 0).collect();
+    let written = |us: &[&Update<'a>]| -> Vec<&'a Tensor> {
+        us.iter().flat_map(|u| [u.w, u.m, u.v]).collect()
+    };
+    let grads: Vec<&Tensor> = updates.iter().map(|u| u.g).collect();
+    distinct(&written(&updates), &grads)?;
     for group in updates.chunks(GROUP) {
-        let written: Vec<&Tensor> = group.iter().flat_map(|u| [u.w, u.m, u.v]).collect();
-        let grads: Vec<&Tensor> = group.iter().map(|u| u.g).collect();
-        distinct(&written, &grads)?;
+        let written = written(group);
         let held = RefCell::new(Vec::with_capacity(written.len()));
         let run = |slices: &[Held]| update_group(group, slices);
         match written.split_first() {
