@@ -183,7 +183,8 @@ unsafe fn pack_b(b: Operand, pc: usize, kc: usize, jc: usize, nc: usize, out: &m
                     let dst = panel.as_mut_ptr().add(p0 * NR + j0);
                     let mut r = [_mm512_setzero_ps(); 16];
                     if live == 16 && steps == 16 {
-                        // The common case with constant bounds, so the block stays in registers.
+                        // The common case, with constant bounds so that the compiler can keep
+                        // the block in registers.
                         for (j, row) in r.iter_mut().enumerate() {
                             *row = _mm512_loadu_ps(first.add(j * b.cs + p0));
                         }
@@ -218,7 +219,8 @@ unsafe fn pack_b(b: Operand, pc: usize, kc: usize, jc: usize, nc: usize, out: &m
     }
 }
 
-/// The transpose of a 16 × 16 block held as 16 row vectors: out[c] lane r = r[r] lane c.
+/// The transpose of a 16 × 16 block held as 16 row vectors: lane i of `out[c]` is lane c of
+/// `r[i]`.
 /// Pairs of rows are interleaved by 32-bit, then 64-bit elements within each 128-bit lane
 /// (after which lane L of vector 4·q + i holds column 4L + i of rows 4q..4q+4), then the
 /// 128-bit lanes are regrouped in two rounds of `shuffle_f32x4`.
@@ -404,6 +406,27 @@ unsafe fn kernel_row_major(kc: usize, a: *const f32, a_rs: usize, bp: *const f32
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transpose16_swaps_rows_and_columns() {
+        if !available() {
+            return;
+        }
+        let m: Vec<f32> = (0..256).map(|i| i as f32).collect();
+        // SAFETY: AVX-512F is available (checked above); each load reads 16 of m's values.
+        let out = unsafe {
+            let rows: [__m512; 16] =
+                std::array::from_fn(|i| _mm512_loadu_ps(m.as_ptr().add(16 * i)));
+            transpose16(rows)
+        };
+        for (c, v) in out.iter().enumerate() {
+            let mut col = [0f32; 16];
+            // SAFETY: col holds 16 values.
+            unsafe { _mm512_storeu_ps(col.as_mut_ptr(), *v) };
+            let want: Vec<f32> = (0..16).map(|i| m[16 * i + c]).collect();
+            assert_eq!(col.to_vec(), want, "column {c}");
+        }
+    }
 
     /// Row-major (rs = cols) or transposed (rs = 1) storage of an r × c matrix given row-major.
     fn stored(x: &[f32], rows: usize, cols: usize, transposed: bool) -> (Vec<f32>, usize, usize) {
