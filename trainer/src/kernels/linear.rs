@@ -15,6 +15,7 @@ use super::bias::{add_bias, sum_rows};
 use super::gemm::View;
 use super::products::{summed_by, written_by, Product};
 use super::real::{float_kernel, Real, Stash};
+use super::residual::{Op3Step, Step};
 use super::CudaKernel;
 
 /// x (.., in) · weight (out, in)ᵀ [+ bias (out,)] → (.., out), as one (N, in) product over the
@@ -82,6 +83,11 @@ pub fn fused_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Resul
         Some(b) => x.apply_op3(&weight, &b.contiguous()?, LinearBias),
         None => x.apply_op2(&weight, LinearNoBias),
     }
+}
+
+/// x·Wᵀ + b as a step of a residual branch (`residual`): the fused CPU op, outside the graph.
+pub fn linear_step(weight: &Tensor, bias: &Tensor) -> Result<Box<dyn Step>> {
+    Op3Step::boxed(LinearBias, weight, bias)
 }
 
 /// out (rows, cols) = lhs (rows, k) · rhs (k, cols) [+ bias on every row], in about one block of

@@ -11,15 +11,12 @@
 //! the GELU derivative and dL/dx the same way, and dL/dh never leaves the op. Every value is
 //! computed by the same kernels in the same order as by the two ops, so it is the same bits.
 //!
-//! candle's custom ops take at most three tensors, and each graph edge costs a zero-filled
-//! gradient buffer and an add, so the weights reach the op through a chain of `Link` nodes:
-//! the first on (b_fc, W_proj, b_proj) of expert 0, each next one on (the link before, two more
-//! tensors), and `GeluMlp` on (x, W_fc of expert 0, the last link). A link computes nothing and
-//! returns one value; `GeluMlp` holds the tensors and reads them itself, and its backward leaves
-//! their gradients for the links' backward. The experts' tensors are used as they are: joined
-//! into one tensor per kind, they cost a copy forward, and backward a zero-filled buffer and an
-//! add for the joined tensor before each expert's own (an MoE layer of 8 experts: some 20 MB of
-//! memory traffic a step for nothing).
+//! The 4E weights reach the op through a chain of link nodes (`link.rs`): `GeluMlp` is the
+//! node on (x, W_fc of expert 0, the last link), reads every expert's tensors itself, and its
+//! backward leaves their gradients for the links' backward. The experts' tensors are used as
+//! they are: joined into one tensor per kind, they would cost a copy forward, and backward a
+//! zero-filled buffer and an add for the joined tensor (an MoE layer of 8 experts: some 20 MB
+//! of memory traffic a step for nothing).
 
 use std::sync::{Arc, Mutex};
 
@@ -30,9 +27,11 @@ use candle_core::{
 use super::gemm::{gemm_bias_into, View};
 use super::grouped::{bias_grads_into, groups, weight_grads_into};
 use super::linear::{as_rows, with_last};
+use super::link::{self, Held};
 use super::parallel::{for_each_block, SharedMut};
 use super::products::row_blocks;
 use super::real::{float_kernel, Real, Stash};
+use super::residual::Step;
 
 /// One MLP's tensors: W_fc (F, D), b_fc (F), W_proj (O, F), b_proj (O).
 pub type MlpWeights<'a> = [&'a Tensor; 4];
@@ -42,6 +41,33 @@ pub type MlpWeights<'a> = [&'a Tensor; 4];
 /// fused CPU path; elsewhere `linear_gelu` then `linear` (one expert), or two `grouped_linear`
 /// ops on the stacked weights.
 pub fn gelu_mlp(x: &Tensor, experts: &[MlpWeights], counts: &[usize]) -> Result<Tensor> {
+    let widths = checked_widths(experts, counts)?;
+    if !super::use_fused(x) || super::autocast::is_active() {
+        return unfused(x, experts, counts);
+    }
+    let (op, tensors) = GeluMlp::new(experts, counts, widths)?;
+    // W_fc of expert 0 is the op's second input, the other 4E − 1 tensors reach the graph
+    // through links.
+    let chain = link::chain(&tensors, &op.grads, "gelu-mlp-link")?; // (1,)
+    x.contiguous()?.apply_op3(&tensors[0], &chain, op) // (.., O)
+}
+
+/// A dense GELU MLP on x of `rows` rows as a step of a residual branch (`residual`): the
+/// fused op, outside the graph.
+pub fn gelu_mlp_step(weights: MlpWeights, rows: usize) -> Result<Box<dyn Step>> {
+    let widths = checked_widths(&[weights], &[rows])?;
+    let (op, tensors) = GeluMlp::new(&[weights], &[rows], widths)?;
+    let no_link = Tensor::zeros(1, tensors[0].dtype(), tensors[0].device())?;
+    Ok(Box::new(MlpStep {
+        op,
+        tensors,
+        no_link,
+    }))
+}
+
+/// (D, F, O) of the experts' tensors, all checked against expert 0's, and one group of rows
+/// per expert.
+fn checked_widths(experts: &[MlpWeights], counts: &[usize]) -> Result<[usize; 3]> {
     let Some(&[w_fc, _, w_proj, _]) = experts.first() else {
         bail!("gelu-mlp: no experts");
     };
@@ -69,35 +95,7 @@ pub fn gelu_mlp(x: &Tensor, experts: &[MlpWeights], counts: &[usize]) -> Result<
             );
         }
     }
-    if !super::use_fused(x) || super::autocast::is_active() {
-        return unfused(x, experts, counts);
-    }
-    // Every expert's four tensors in order (W_fc, b_fc, W_proj, b_proj of expert 0, then of
-    // expert 1, ...): the first is the op's second input, the other 4E − 1 reach the graph
-    // through links of three, then two more each.
-    let tensors = experts
-        .iter()
-        .flatten()
-        .map(|t| t.contiguous())
-        .collect::<Result<Vec<_>>>()?;
-    let grads: Held = Arc::new(Mutex::new(vec![None; tensors.len()]));
-    let link = |first: usize| Link {
-        grads: grads.clone(),
-        first,
-    };
-    let mut chain = tensors[1].apply_op3(&tensors[2], &tensors[3], link(1))?; // (1,)
-    for i in (4..tensors.len()).step_by(2) {
-        chain = chain.apply_op3(&tensors[i], &tensors[i + 1], link(i))?; // (1,)
-    }
-    let op = GeluMlp {
-        counts: counts.to_vec(),
-        widths: [d, f, o],
-        held: tensors[1..].to_vec(),
-        grads,
-        pre: Stash::default(),
-        h: Stash::default(),
-    };
-    x.contiguous()?.apply_op3(&tensors[0], &chain, op) // (.., O)
+    Ok([d, f, o])
 }
 
 /// The same MLP from the one-layer ops (the GPU and autocast path).
@@ -149,10 +147,6 @@ struct Sizes {
     o: usize,
 }
 
-/// The gradients of every expert's four tensors (in `gelu_mlp`'s order) that `GeluMlp`'s
-/// backward leaves for the links' backward, each taken once.
-type Held = Arc<Mutex<Vec<Option<Tensor>>>>;
-
 /// The MLP (or the experts' MLPs) as one op on (x, W_fc of expert 0, the last link's value).
 #[derive(Clone)]
 struct GeluMlp {
@@ -202,6 +196,29 @@ impl std::fmt::Debug for GeluMlp {
 }
 
 impl GeluMlp {
+    /// The op, and every expert's four tensors in order (W_fc, b_fc, W_proj, b_proj of expert
+    /// 0, then of expert 1, ...), contiguous.
+    fn new(
+        experts: &[MlpWeights],
+        counts: &[usize],
+        widths: [usize; 3],
+    ) -> Result<(Self, Vec<Tensor>)> {
+        let tensors = experts
+            .iter()
+            .flatten()
+            .map(|t| t.contiguous())
+            .collect::<Result<Vec<_>>>()?;
+        let op = GeluMlp {
+            counts: counts.to_vec(),
+            widths,
+            held: tensors[1..].to_vec(),
+            grads: Arc::new(Mutex::new(vec![None; tensors.len()])),
+            pre: Stash::default(),
+            h: Stash::default(),
+        };
+        Ok((op, tensors))
+    }
+
     /// The sizes of x and expert 0's W_fc, checked against the widths and the groups (the
     /// held tensors were checked when the op was made).
     fn sizes(&self, x: &Layout, w_fc: &Layout) -> Result<Sizes> {
@@ -362,53 +379,38 @@ impl CustomOp3 for GeluMlp {
     }
 }
 
-/// A graph node of three of the MLP's tensors (`first` = 1), or of the link before and two
-/// (`first` ≥ 4, their index in `gelu_mlp`'s order): one value, which the next link or
-/// `GeluMlp` takes, so that candle's backward reaches these tensors, with the gradients that
-/// `GeluMlp`'s backward left.
-struct Link {
-    grads: Held,
-    first: usize,
+/// `GeluMlp` of one expert as a residual branch's step.
+struct MlpStep {
+    op: GeluMlp,
+    /// W_fc, b_fc, W_proj, b_proj.
+    tensors: Vec<Tensor>,
+    /// A (1,) stand-in for the link the op takes in a graph.
+    no_link: Tensor,
 }
 
-impl CustomOp3 for Link {
-    fn name(&self) -> &'static str {
-        "gelu-mlp-link"
+impl Step for MlpStep {
+    fn tensors(&self) -> Vec<Tensor> {
+        self.tensors.clone()
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let name = self.name();
-        let out = float_kernel!(name; _w = (s1, l1), _b1 = (s2, l2), _b2 = (s3, l3) => vec![Default::default()]);
-        Ok((out, Shape::from(1)))
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.apply_op3_no_bwd(&self.tensors[0], &self.no_link, &self.op)
     }
 
-    fn bwd(
-        &self,
-        a: &Tensor,
-        _b: &Tensor,
-        _c: &Tensor,
-        _res: &Tensor,
-        _grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut held = self.grads.lock().unwrap_or_else(|p| p.into_inner());
-        let mut take = |i: usize| match held.get_mut(i).and_then(Option::take) {
-            Some(g) => Ok(g),
-            None => bail!("gelu-mlp: the parameters' backward ran before the MLP's"),
+    fn backward(&self, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        let (Some(dx), Some(dw_fc), _) = self.op.bwd(x, &self.tensors[0], &self.no_link, y, g)?
+        else {
+            bail!("gelu-mlp: no gradient for the input or W_fc");
         };
-        let i = self.first;
-        if i == 1 {
-            Ok((Some(take(1)?), Some(take(2)?), Some(take(3)?)))
-        } else {
-            Ok((Some(a.zeros_like()?), Some(take(i)?), Some(take(i + 1)?)))
+        let mut held = self.op.grads.lock().unwrap_or_else(|p| p.into_inner());
+        let mut grads = vec![dw_fc];
+        for i in 1..self.tensors.len() {
+            match held.get_mut(i).and_then(Option::take) {
+                Some(g) => grads.push(g),
+                None => bail!("gelu-mlp: no gradient for tensor {i}"),
+            }
         }
+        Ok((dx, grads))
     }
 }
 

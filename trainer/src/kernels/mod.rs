@@ -19,6 +19,7 @@
 //! | [`causal_softmax`] | softmax(scale·s + causal mask) | one pass each way |
 //! | [`CausalAttention`] | softmax(q·kᵀ/√hd + mask)·v per head, RoPE | packed q/k/v to merged heads in one op; with the q/k/v projection in the same op (`forward_projected`) |
 //! | [`cross_entropy`] | mean −log softmax(logits)[target] | one pass each way |
+//! | [`residual`] | x + f_n(… f_1(x)), a block's half, each f a fused op ([`Step`]) | one graph node: x its only activation edge, each step's own backward in reverse |
 //!
 //! Each fused op is one file that says what it computes and why it is fused; tests in
 //! `tests/fused_ops.rs` hold each to its primitive-op reference and to finite differences in
@@ -39,12 +40,14 @@ pub mod gelu;
 mod gemm;
 pub mod grouped;
 pub mod linear;
+mod link;
 pub mod loss;
 pub mod mlp;
 pub mod norm;
 mod parallel;
 mod products;
 mod real;
+pub mod residual;
 pub mod rows;
 mod sgemm;
 mod simd;
@@ -60,10 +63,11 @@ pub use bias::add_bias;
 pub use combine::combine_rows;
 pub use gelu::gelu_tanh;
 pub use grouped::grouped_linear;
-pub use linear::{linear, linear_gelu};
+pub use linear::{linear, linear_gelu, linear_step};
 pub use loss::cross_entropy;
-pub use mlp::gelu_mlp;
-pub use norm::{layer_norm, rms_norm};
+pub use mlp::{gelu_mlp, gelu_mlp_step};
+pub use norm::{layer_norm, layer_norm_step, rms_norm};
+pub use residual::{residual, Step};
 pub use rows::{add_rows, gather_rows};
 pub use softmax::causal_softmax;
 

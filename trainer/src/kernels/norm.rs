@@ -10,6 +10,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Ten
 use super::linear::as_rows;
 use super::parallel::{filled_by_rows, for_each_block, SharedMut};
 use super::real::{float_kernel, Real};
+use super::residual::{Op3Step, Step};
 
 /// (x − mean) / √(var + eps) · weight [+ bias] over the last dim of x (.., C), statistics in
 /// f32 at least. Fused on CPU in f32 and f64 (with a bias, as GPT-2 has).
@@ -69,6 +70,12 @@ pub fn fused_layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) ->
     let x2 = x.reshape(((), c))?.contiguous()?; // (N, C)
     let y = x2.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)?;
     y.reshape(x.shape()) // (.., C)
+}
+
+/// LayerNorm with bias as a step of a residual branch (`residual`): the fused CPU op, outside
+/// the graph.
+pub fn layer_norm_step(weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Box<dyn Step>> {
+    Op3Step::boxed(LayerNormOp { eps }, weight, bias)
 }
 
 /// (x − mean) / √(var + eps) · weight + bias over the last dim of x (N, C).

@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::{DropoutRng, Linear};
 use crate::config::{LoraConfig, ModelConfig, PositionKind};
-use crate::kernels::{CausalAttention, Rope};
+use crate::kernels::{self, CausalAttention, Rope};
 
 #[derive(Debug, Clone)]
 pub struct CausalSelfAttention {
@@ -60,6 +60,18 @@ impl CausalSelfAttention {
             c_attn: self.c_attn.without_adapter(),
             c_proj: self.c_proj.without_adapter(),
             ..self.clone()
+        }
+    }
+
+    /// The projections and the attention as steps of a fused residual branch
+    /// (`kernels::residual`): both projections with biases and no adapters only.
+    pub fn steps(&self) -> Result<Option<Vec<Box<dyn kernels::Step>>>> {
+        match (self.c_attn.plain(), self.c_proj.plain()) {
+            (Some((w, Some(b))), Some((w_proj, Some(b_proj)))) => Ok(Some(vec![
+                self.attn.projected_step(w, b)?,
+                kernels::linear_step(w_proj, b_proj)?,
+            ])),
+            _ => Ok(None),
         }
     }
 

@@ -2,12 +2,13 @@
 //! self-attention or Mamba-2, the MLP dense or Mixture-of-Experts, and a block of a hybrid
 //! stack may have only one of the two (`model.layer_pattern`, config/pattern.rs).
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
 use super::mamba::{Mamba2, MambaState, Scan};
 use super::{maybe_dropout, CausalSelfAttention, DropoutRng, Mlp, MoeLayer, MoeLayerStats, Norm};
 use crate::config::{BlockKind, FfnKind, LoraConfig, MixerKind, ModelConfig};
+use crate::kernels;
 use crate::train::phases::LayerTimer;
 
 #[derive(Debug, Clone)]
@@ -41,6 +42,16 @@ pub struct Block {
     /// The pre-norm `ln_2` and the MLP (`mlp`); None in a mixer-only block.
     mlp: Option<(Norm, FeedForward)>,
     dropout: f64,
+}
+
+/// A norm's step followed by a sublayer's, when both have fused forms.
+fn branch(
+    norm: Option<Box<dyn kernels::Step>>,
+    sublayer: Option<Vec<Box<dyn kernels::Step>>>,
+) -> Option<Vec<Box<dyn kernels::Step>>> {
+    let mut steps = vec![norm?];
+    steps.extend(sublayer?);
+    Some(steps)
 }
 
 /// A config error (a pattern that `Config::validate` would refuse) as a model error.
@@ -155,7 +166,18 @@ impl Block {
         mut rng: Option<&mut DropoutRng>,
     ) -> Result<(Tensor, Option<(Tensor, MoeLayerStats)>)> {
         let mut x = x.clone();
-        if let Some((ln_1, mixer)) = &self.mixer {
+        // Without dropout, a half whose ops all have fused CPU forms is one op (see
+        // `kernels::residual`): the same values, fewer gradient buffers.
+        let fused = kernels::use_fused(&x)
+            && !kernels::autocast::is_active()
+            && !(rng.is_some() && self.dropout > 0.0);
+        let mixer_steps = match &self.mixer {
+            Some((ln_1, Mixer::Attention(attn))) if fused => branch(ln_1.step()?, attn.steps()?),
+            _ => None,
+        };
+        if let Some(steps) = mixer_steps {
+            x = kernels::residual(&x, steps)?;
+        } else if let Some((ln_1, mixer)) = &self.mixer {
             let h = ln_1.forward(&x)?;
             let a = match mixer {
                 Mixer::Attention(attn) => attn.forward(&h, rng.as_deref_mut())?,
@@ -166,6 +188,13 @@ impl Block {
         let Some((ln_2, mlp)) = &self.mlp else {
             return Ok((x, None));
         };
+        if let (FeedForward::Dense(dense), true) = (mlp, fused) {
+            let rows = x.elem_count() / x.dim(D::Minus1)?.max(1);
+            let step = dense.step(rows)?.map(|s| vec![s]);
+            if let Some(steps) = branch(ln_2.step()?, step) {
+                return Ok((kernels::residual(&x, steps)?, None));
+            }
+        }
         let h = ln_2.forward(&x)?;
         let (m, moe) = match mlp {
             FeedForward::Dense(mlp) => (mlp.forward_t(&h, rng.as_deref_mut())?, None),

@@ -69,6 +69,15 @@ impl Mlp {
         }
     }
 
+    /// The MLP on `rows` rows as a step of a fused residual branch (`kernels::residual`): a
+    /// GELU MLP with biases and no adapters only.
+    pub fn step(&self, rows: usize) -> Result<Option<Box<dyn kernels::Step>>> {
+        match self.plain_gelu() {
+            Some(weights) => Ok(Some(kernels::gelu_mlp_step(weights, rows)?)),
+            None => Ok(None),
+        }
+    }
+
     /// (.., d) → (.., d). With an rng (training), adapters get their dropout.
     pub fn forward_t(&self, x: &Tensor, mut rng: Option<&mut DropoutRng>) -> Result<Tensor> {
         if let Some(weights) = self.plain_gelu() {

@@ -33,6 +33,19 @@ impl Norm {
     }
 }
 
+impl Norm {
+    /// The norm as a step of a fused residual branch (`kernels::residual`): LayerNorm with a
+    /// bias only.
+    pub fn step(&self) -> Result<Option<Box<dyn kernels::Step>>> {
+        match (self.kind, &self.bias) {
+            (NormKind::LayerNorm, Some(b)) => {
+                Ok(Some(kernels::layer_norm_step(&self.weight, b, self.eps)?))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
 impl Module for Norm {
     /// (.., d) → (.., d)
     fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Result, Tensor, D};
 
 pub use fused::{fused_causal_attention, RopeTables};
-pub use qkv::fused_qkv_attention;
+pub use qkv::{fused_qkv_attention, qkv_attention_step};
 
+use super::residual::Step;
 use super::{autocast, softmax};
 
 /// Rotate-half rotary positions (GPT-NeoX, LLaMA): (x1, x2) ↦ (x1·cos − x2·sin, x2·cos + x1·sin)
@@ -124,6 +125,15 @@ impl CausalAttention {
                 self.forward(&qkv, None::<fn(&Tensor) -> Result<Tensor>>)
             }
         }
+    }
+
+    /// `forward_projected` with a bias as a step of a residual branch (`residual`, the fused
+    /// CPU path only).
+    pub fn projected_step(&self, w: &Tensor, b: &Tensor) -> Result<Box<dyn Step>> {
+        let hd = w.dim(0)? / 3 / self.n_heads;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let tables = self.rope.as_ref().map(|r| r.tables.clone());
+        qkv_attention_step(w, b, self.n_heads, scale, tables)
     }
 
     /// qkv (B, T, 3·D), q then k then v along the last dim, each head-major → y (B, T, D).

@@ -9,6 +9,7 @@ use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape,
 
 use super::fused::{AttentionBackward, Dims, FusedAttention, RopeTables};
 use crate::kernels::real::{float_kernel, Real, Stash};
+use crate::kernels::residual::{Op3Step, Step};
 
 /// c_attn and the attention as one op: x (B, T, C), W (3·D, C), b (3·D,) → y (B, T, D). The
 /// packed q/k/v stay inside the op (kept for the backward, as the attention node kept its
@@ -28,6 +29,21 @@ pub fn fused_qkv_attention(
     };
     x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)
+}
+
+/// `fused_qkv_attention` as a step of a residual branch (`residual`), outside the graph.
+pub fn qkv_attention_step(
+    w: &Tensor,
+    b: &Tensor,
+    n_heads: usize,
+    scale: f64,
+    rope: Option<Arc<RopeTables>>,
+) -> Result<Box<dyn Step>> {
+    let op = QkvAttention {
+        attn: FusedAttention::new(n_heads, scale, rope),
+        qkv: Stash::default(),
+    };
+    Op3Step::boxed(op, w, b)
 }
 
 #[derive(Clone)]
