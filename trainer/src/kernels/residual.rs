@@ -35,6 +35,9 @@ pub trait Step: Send + Sync {
 /// on x and the steps' tensors (see the module doc). CPU tensors in f32 or f64 only: the
 /// steps are the fused CPU ops.
 pub fn residual(x: &Tensor, steps: Vec<Box<dyn Step>>) -> Result<Tensor> {
+    if !x.device().is_cpu() {
+        bail!("residual: the fused branch runs on the CPU only");
+    }
     let tensors: Vec<Tensor> = steps.iter().flat_map(|s| s.tensors()).collect();
     if tensors.len() < 2 {
         bail!(
