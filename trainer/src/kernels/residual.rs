@@ -15,11 +15,11 @@
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Storage, Tensor};
 
 use super::link::{self, Held};
 use super::parallel::{for_each_block, SharedMut};
-use super::real::{float_kernel, same_shape, Real};
+use super::real::{float_kernel, Real};
 
 /// One fused op of a residual branch, run outside candle's graph.
 pub trait Step: Send + Sync {
@@ -100,7 +100,8 @@ impl Residual {
     }
 }
 
-/// a + b element by element, in parallel chunks, each written once (never zeroed first).
+/// a + b element by element (the forward's x + branch), in parallel chunks, each written once
+/// (never zeroed first).
 fn sum<T: Real>(a: &[T], b: &[T]) -> Result<Vec<T>> {
     if a.len() != b.len() {
         bail!("residual: adding {} values to {}", b.len(), a.len());
@@ -164,36 +165,15 @@ impl CustomOp3 for Residual {
             per_step.push(dt);
             d = dx.contiguous()?;
         }
-        // dL/dx = g (the identity path) + the branch's dL/dx.
-        let dx = g.apply_op2_no_bwd(&d, &Sum)?;
+        // dL/dx = g (the identity path) + the branch's dL/dx: candle's add, on tensors outside
+        // the graph.
+        let dx = (&g + &d)?;
         let mut all: Vec<Option<Tensor>> = per_step.into_iter().rev().flatten().map(Some).collect();
         let Some(first) = all.first_mut().and_then(Option::take) else {
             bail!("residual: the steps gave no gradients for their tensors");
         };
         *self.grads.lock().unwrap_or_else(|p| p.into_inner()) = all;
         Ok((Some(dx), Some(first), Some(link.zeros_like()?)))
-    }
-}
-
-/// a + b, for two tensors of one shape outside the graph.
-struct Sum;
-
-impl CustomOp2 for Sum {
-    fn name(&self) -> &'static str {
-        "residual-sum"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let name = self.name();
-        same_shape(name, l1, l2)?;
-        let out = float_kernel!(name; a = (s1, l1), b = (s2, l2) => sum(a, b)?);
-        Ok((out, l1.shape().clone()))
     }
 }
 
