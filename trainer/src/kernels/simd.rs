@@ -24,25 +24,43 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// Relative error below 2e-7 over the whole range; NaN in gives NaN out.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
+    let (shifted, r) = exp_reduce(x);
+    let mut p = EXP_TAYLOR[0];
+    for c in &EXP_TAYLOR[1..] {
+        p = p * r + c;
+    }
+    exp_scale(x, shifted, p)
+}
+
+/// Taylor series of e^r to degree 7, highest term first (Horner's order): the truncation error
+/// is < 6e-9 for |r| ≤ ln2/2.
+const EXP_TAYLOR: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+/// x = n·ln2 + r with |r| ≤ ln2/2, x clamped to [EXP_LO, EXP_HI] first: (n + ROUND_MAGIC, r).
+#[inline(always)]
+fn exp_reduce(x: f32) -> (f32, f32) {
     // `clamp` passes a NaN through untouched (unlike `max`/`min`).
     let xc = x.clamp(EXP_LO, EXP_HI);
-    // x = n·ln2 + r with |r| ≤ ln2/2.
     let shifted = xc * LOG2_E + ROUND_MAGIC;
     let n = shifted - ROUND_MAGIC;
+    (shifted, (xc - n * LN2_HI) - n * LN2_LO)
+}
+
+/// e^x = e^r · 2^n from `exp_reduce`'s n (in `shifted`) and p = e^r, with the range's ends.
+#[inline(always)]
+fn exp_scale(x: f32, shifted: f32, p: f32) -> f32 {
     let n_bits = shifted.to_bits().wrapping_sub(ROUND_MAGIC.to_bits()) as i32;
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    // Taylor series of e^r to degree 7: the truncation error is < 6e-9 for |r| ≤ ln2/2.
-    let p = 1.0 / 5040.0;
-    let p = p * r + 1.0 / 720.0;
-    let p = p * r + 1.0 / 120.0;
-    let p = p * r + 1.0 / 24.0;
-    let p = p * r + 1.0 / 6.0;
-    let p = p * r + 0.5;
-    let p = p * r + 1.0;
-    let p = p * r + 1.0;
     // 2^n built in the exponent field; n ∈ [-126, 127] after the clamp.
-    let scale = f32::from_bits(((n_bits + 127) as u32) << 23);
-    let y = p * scale;
+    let y = p * f32::from_bits(((n_bits + 127) as u32) << 23);
     if x > EXP_HI {
         f32::INFINITY
     } else if x < EXP_LO {
@@ -86,40 +104,20 @@ fn gelu_grad_from(x: f32, s: f32) -> f32 {
 /// nothing or lost, so they keep the per-value loop.
 #[inline(always)]
 fn exp_lanes(x: &[f32; LANES]) -> [f32; LANES] {
-    let mut xc = [0.0f32; LANES];
     let mut shifted = [0.0f32; LANES];
     let mut r = [0.0f32; LANES];
     for i in 0..LANES {
-        xc[i] = x[i].clamp(EXP_LO, EXP_HI);
-        shifted[i] = xc[i] * LOG2_E + ROUND_MAGIC;
-        let n = shifted[i] - ROUND_MAGIC;
-        r[i] = (xc[i] - n * LN2_HI) - n * LN2_LO;
+        (shifted[i], r[i]) = exp_reduce(x[i]);
     }
-    let mut p = [1.0f32 / 5040.0; LANES];
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
+    let mut p = [EXP_TAYLOR[0]; LANES];
+    for c in &EXP_TAYLOR[1..] {
         for i in 0..LANES {
             p[i] = p[i] * r[i] + c;
         }
     }
     let mut y = [0.0f32; LANES];
     for i in 0..LANES {
-        let n_bits = shifted[i].to_bits().wrapping_sub(ROUND_MAGIC.to_bits()) as i32;
-        let v = p[i] * f32::from_bits(((n_bits + 127) as u32) << 23);
-        y[i] = if x[i] > EXP_HI {
-            f32::INFINITY
-        } else if x[i] < EXP_LO {
-            0.0
-        } else {
-            v
-        };
+        y[i] = exp_scale(x[i], shifted[i], p[i]);
     }
     y
 }
@@ -134,14 +132,6 @@ fn minus_two_u(x: &[f32; LANES]) -> [f32; LANES] {
     m
 }
 
-/// Full blocks of `LANES` as arrays, and the rest.
-#[inline(always)]
-fn blocks(x: &[f32]) -> (impl Iterator<Item = &[f32; LANES]>, &[f32]) {
-    let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    (chunks.map(|c| c.try_into().unwrap_or(&[0.0; LANES])), rest)
-}
-
 #[inline(always)]
 fn exp_inplace_impl(xs: &mut [f32]) {
     for v in xs {
@@ -151,31 +141,31 @@ fn exp_inplace_impl(xs: &mut [f32]) {
 
 #[inline(always)]
 fn gelu_impl(x: &[f32], y: &mut [f32]) {
-    let (xb, x_rest) = blocks(x);
-    let mut yb = y.chunks_exact_mut(LANES);
-    for (xa, yc) in xb.zip(&mut yb) {
+    let (xb, x_rest) = x.as_chunks::<LANES>();
+    let (yb, y_rest) = y.as_chunks_mut::<LANES>();
+    for (xa, yc) in xb.iter().zip(yb) {
         let e = exp_lanes(&minus_two_u(xa));
         for ((o, &v), &e) in yc.iter_mut().zip(xa).zip(&e) {
             *o = v / (1.0 + e);
         }
     }
-    for (o, &v) in yb.into_remainder().iter_mut().zip(x_rest) {
+    for (o, &v) in y_rest.iter_mut().zip(x_rest) {
         *o = gelu_one(v);
     }
 }
 
 #[inline(always)]
 fn gelu_backward_impl(x: &[f32], g: &[f32], dx: &mut [f32]) {
-    let (xb, x_rest) = blocks(x);
-    let (gb, g_rest) = blocks(g);
-    let mut db = dx.chunks_exact_mut(LANES);
-    for ((xa, ga), dc) in xb.zip(gb).zip(&mut db) {
+    let (xb, x_rest) = x.as_chunks::<LANES>();
+    let (gb, g_rest) = g.as_chunks::<LANES>();
+    let (db, d_rest) = dx.as_chunks_mut::<LANES>();
+    for ((xa, ga), dc) in xb.iter().zip(gb).zip(db) {
         let e = exp_lanes(&minus_two_u(xa));
         for (((d, &v), &gv), &e) in dc.iter_mut().zip(xa).zip(ga).zip(&e) {
             *d = gv * gelu_grad_from(v, 1.0 / (1.0 + e));
         }
     }
-    for ((d, &v), &gv) in db.into_remainder().iter_mut().zip(x_rest).zip(g_rest) {
+    for ((d, &v), &gv) in d_rest.iter_mut().zip(x_rest).zip(g_rest) {
         *d = gv * gelu_grad_one(v);
     }
 }
