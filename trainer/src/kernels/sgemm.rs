@@ -345,8 +345,14 @@ unsafe fn kernel_body(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, bp: *c
             row[1] = _mm512_fmadd_ps(av, b1, row[1]);
         }
     };
-    // Unrolled by 4 so the MR row addresses are computed once per 4 steps (the rest are
-    // constant displacements) instead of once per step; same k order, so the same sums.
+    // Unrolled by 4 (the same k order, so the same sums). rustc 1.95 makes one copy of this
+    // body for both layouts, with the strides known only at run time, and computes each
+    // broadcast's address with an add of its own: 48 adds beside the 96 multiply-adds of four
+    // steps. Copies with the layout fixed take 3-7 (with an asm barrier in the row-major one,
+    // else its broadcasts are loaded early and spilled), but a Zen 4 ran them at the same
+    // speed (it issues one 16-lane multiply-add a cycle, and the adds go elsewhere) and
+    // llvm-mca's Ice Lake server model predicts 53 and 52-53 cycles per four steps either
+    // way, against 48 for the multiply-adds alone; see docs/benchmarks.md.
     let mut p = 0;
     while p + 4 <= kc {
         step(&mut acc, p);
