@@ -6,7 +6,9 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::parallel::filled_by_rows;
+use std::mem::MaybeUninit;
+
+use super::parallel::{filled_by_rows, SharedMut};
 use super::real::{float_kernel, same_shape, Real};
 
 /// tanh-GELU, element-wise; fused on CPU in f32 and f64 and on CUDA in f32, candle's `gelu`
@@ -32,6 +34,31 @@ pub(crate) fn gelu_rows<T: Real>(x: &[T]) -> Result<Vec<T>> {
     let cols = 1024.min(x.len().max(1));
     filled_by_rows(x.len(), cols, |r, y| {
         T::gelu_slice(&x[r * cols..r * cols + y.len()], y);
+    })
+}
+
+/// gelu(x), with x ← gelu'(x) in place (`Real::gelu_and_grad_slice`), in parallel blocks.
+pub(crate) fn gelu_and_grad_rows<T: Real>(x: &mut [T]) -> Result<Vec<T>> {
+    let cols = 1024.min(x.len().max(1));
+    let xs = SharedMut(x.as_mut_ptr());
+    let len = x.len();
+    filled_by_rows(len, cols, |r, y| {
+        // SAFETY: row r of x (cols values, fewer in the last) is this row's alone, inside x;
+        // writing initialised values through the MaybeUninit view of y is sound.
+        unsafe {
+            let x_row = std::slice::from_raw_parts_mut(xs.ptr().add(r * cols), y.len());
+            T::gelu_and_grad_slice(x_row, &mut *(y as *mut [T] as *mut [MaybeUninit<T>]));
+        }
+    })
+}
+
+/// a ⊙ b, in parallel blocks (the backward of a GELU whose derivative was kept).
+pub(crate) fn product_rows<T: Real>(a: &[T], b: &[T]) -> Result<Vec<T>> {
+    let cols = 1024.min(a.len().max(1));
+    filled_by_rows(a.len(), cols, |r, out| {
+        let start = r * cols;
+        out.copy_from_slice(&a[start..start + out.len()]);
+        T::mul_slice(out, &b[start..start + out.len()]);
     })
 }
 

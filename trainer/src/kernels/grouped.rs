@@ -35,7 +35,7 @@ pub fn grouped_linear(
         let op = GroupedLinear {
             counts: counts.to_vec(),
             gelu,
-            pre: Stash::default(),
+            gelu_grad: Stash::default(),
         };
         return x
             .contiguous()?
@@ -112,8 +112,9 @@ fn forward<T: Real>(counts: &[usize], x: &[T], w: &[T], b: &[T], d: [usize; 4]) 
 struct GroupedLinear {
     counts: Vec<usize>,
     gelu: bool,
-    /// With `gelu`, the pre-activations, for the backward.
-    pre: Stash,
+    /// With `gelu`, the GELU's derivative at the pre-activations, for the backward
+    /// (`gelu_keeping`).
+    gelu_grad: Stash,
 }
 
 impl std::fmt::Debug for GroupedLinear {
@@ -126,7 +127,7 @@ impl GroupedLinear {
     fn run<T: Real>(&self, x: &[T], w: &[T], b: &[T], d: [usize; 4]) -> Result<Vec<T>> {
         let y = forward(&self.counts, x, w, b, d)?;
         match self.gelu {
-            true => gelu_keeping(y, &self.pre),
+            true => gelu_keeping(y, &self.gelu_grad),
             false => Ok(y),
         }
     }
@@ -163,7 +164,7 @@ impl CustomOp3 for GroupedLinear {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let mut g = grad.contiguous()?; // (M, out)
         if self.gelu {
-            g = g.apply_op1_no_bwd(&GeluGradOfStash::new(&self.pre))?;
+            g = g.apply_op1_no_bwd(&GeluGradOfStash::new(&self.gelu_grad))?;
         }
         let groups = Groups(self.counts.clone());
         let dx = g.apply_op2_no_bwd(w, &GradInput(groups.clone()))?; // (M, in)

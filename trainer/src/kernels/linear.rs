@@ -356,9 +356,9 @@ impl CustomOp2 for GradWeight {
 /// gelu(x·Wᵀ + b) as one op.
 #[derive(Clone, Default)]
 struct LinearGelu {
-    /// The pre-activation x·Wᵀ + b of the forward, for the backward (as the GELU node kept its
-    /// input before).
-    pre: Stash,
+    /// The GELU's derivative at the forward's pre-activation x·Wᵀ + b, for the backward
+    /// (`gelu_keeping`).
+    gelu_grad: Stash,
 }
 
 impl std::fmt::Debug for LinearGelu {
@@ -375,7 +375,7 @@ impl LinearGelu {
         b: &[T],
         dims: (usize, usize, usize),
     ) -> Result<Vec<T>> {
-        gelu_keeping(forward(x, w, Some(b), dims)?, &self.pre)
+        gelu_keeping(forward(x, w, Some(b), dims)?, &self.gelu_grad)
     }
 }
 
@@ -409,39 +409,43 @@ impl CustomOp3 for LinearGelu {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         // d(pre) = g · gelu'(pre), then the linear layer's backward from it.
         let g = grad.contiguous()?; // (.., out)
-        let dpre = g.apply_op1_no_bwd(&GeluGradOfStash::new(&self.pre))?;
+        let dpre = g.apply_op1_no_bwd(&GeluGradOfStash::new(&self.gelu_grad))?;
         let (dx, dw) = input_and_weight_grads(&dpre, x, w)?;
         Ok((Some(dx), Some(dw), Some(sum_rows(&dpre)?)))
     }
 }
 
-/// gelu(pre), keeping pre in `stash` for the backward (`GeluGradOfStash`).
-pub(crate) fn gelu_keeping<T: Real>(pre: Vec<T>, stash: &Stash) -> Result<Vec<T>> {
-    let y = super::gelu::gelu_rows(&pre)?;
+/// gelu(pre), keeping gelu'(pre) in `stash` for the backward (`GeluGradOfStash`): computed
+/// beside the GELU, which shares its exp and division, into pre's own buffer.
+pub(crate) fn gelu_keeping<T: Real>(mut pre: Vec<T>, stash: &Stash) -> Result<Vec<T>> {
+    let y = super::gelu::gelu_and_grad_rows(&mut pre)?;
     stash.keep(pre);
     Ok(y)
 }
 
-/// g → g · gelu'(pre), with pre from the stash of the `LinearGelu` (or grouped) forward.
+/// g → g · gelu'(pre), with gelu'(pre) from the stash of the `LinearGelu` (or grouped)
+/// forward.
 pub(crate) struct GeluGradOfStash {
-    pre: Stash,
+    gelu_grad: Stash,
 }
 
 impl GeluGradOfStash {
-    pub(crate) fn new(pre: &Stash) -> Self {
-        GeluGradOfStash { pre: pre.clone() }
+    pub(crate) fn new(gelu_grad: &Stash) -> Self {
+        GeluGradOfStash {
+            gelu_grad: gelu_grad.clone(),
+        }
     }
 
     fn grad<T: Real>(&self, g: &[T]) -> Result<Vec<T>> {
-        self.pre.with("linear-gelu", |pre: &[T]| {
-            if pre.len() != g.len() {
+        self.gelu_grad.with("linear-gelu", |gelu_grad: &[T]| {
+            if gelu_grad.len() != g.len() {
                 bail!(
                     "linear-gelu: gradient of {} values for {}",
                     g.len(),
-                    pre.len()
+                    gelu_grad.len()
                 );
             }
-            super::gelu::gelu_backward_rows(pre, g)
+            super::gelu::product_rows(g, gelu_grad)
         })
     }
 }

@@ -11,6 +11,13 @@
 //! the GELU derivative and dL/dx the same way, and dL/dh never leaves the op. Every value is
 //! computed by the same kernels in the same order as by the two ops, so it is the same bits.
 //!
+//! The forward keeps gelu'(pre), not pre: the GELU and its derivative share an exp and a
+//! division per value, so computed side by side the derivative costs a few multiply-adds and a
+//! second division, and the backward's dL/dpre is one product in place. Recomputed from pre
+//! in the backward (with a copy of dL/dh, and h zero-filled before the GELU wrote it), the
+//! two GELU passes and those fills were 7.8 % of a dense step and 9.0 % of an MoE step on a
+//! Zen 3; 5.9 % and 6.4 % this way (docs/benchmarks.md).
+//!
 //! The 4E weights reach the op through a chain of link nodes (`link.rs`): `GeluMlp` is the
 //! node on (x, W_fc of expert 0, the last link), reads every expert's tensors itself, and its
 //! backward leaves their gradients for the links' backward. The experts' tensors are used as
@@ -134,10 +141,6 @@ fn rows_product<T: Real>(
     )
 }
 
-/// Values per piece of the element-wise passes inside a block of rows (64 KiB of f32), so each
-/// piece is zeroed or copied and then written while it is in the core's L1/L2.
-const PIECE: usize = 16 * 1024;
-
 /// The sizes of a call: rows, and the input, hidden and output widths.
 #[derive(Clone, Copy)]
 struct Sizes {
@@ -158,8 +161,10 @@ struct GeluMlp {
     held: Vec<Tensor>,
     /// The gradients of all 4E tensors, from the backward, for the links' backward.
     grads: Held,
-    /// The pre-activations x·W_fcᵀ + b_fc (M, F), for the GELU's derivative.
-    pre: Stash,
+    /// The GELU's derivative at the pre-activations x·W_fcᵀ + b_fc (M, F), computed in the
+    /// forward beside the GELU (which shares its exp and division), so that the backward's
+    /// dL/dpre is one product instead of the derivative recomputed.
+    gelu_grad: Stash,
     /// The hidden activations gelu(pre) (M, F), for dW_proj.
     h: Stash,
 }
@@ -213,7 +218,7 @@ impl GeluMlp {
             widths,
             held: tensors[1..].to_vec(),
             grads: Arc::new(Mutex::new(vec![None; tensors.len()])),
-            pre: Stash::default(),
+            gelu_grad: Stash::default(),
             h: Stash::default(),
         };
         Ok((op, tensors))
@@ -275,18 +280,19 @@ impl GeluMlp {
         f(&Weights(all))
     }
 
-    /// y (M, O), keeping pre and h: each block of rows through fc, GELU and proj in turn.
+    /// y (M, O), keeping gelu'(pre) and h: each block of rows through fc, GELU and proj in
+    /// turn.
     fn forward<T: Real>(&self, x: &[T], w_fc: &[T], s: Sizes) -> Result<Vec<T>> {
         self.with_weights(w_fc, |w| self.run(x, w, s))
     }
 
     fn run<T: Real>(&self, x: &[T], w: &Weights<T>, s: Sizes) -> Result<Vec<T>> {
         let Sizes { m, d, f, o } = s;
-        let mut pre = Vec::<T>::with_capacity(m * f);
+        let mut grad = Vec::<T>::with_capacity(m * f);
         let mut h = Vec::<T>::with_capacity(m * f);
         let mut y = Vec::<T>::with_capacity(m * o);
-        let (pre_p, h_p, y_p) = (
-            SharedMut(pre.as_mut_ptr()),
+        let (grad_p, h_p, y_p) = (
+            SharedMut(grad.as_mut_ptr()),
             SharedMut(h.as_mut_ptr()),
             SharedMut(y.as_mut_ptr()),
         );
@@ -296,17 +302,15 @@ impl GeluMlp {
             let rows = r1 - r0;
             let w_fc_t = View::rows(0, d).transposed(); // W_fcᵀ (D, F)
             let (w_fc, b) = (w.fc(ex), Some(w.fc_bias(ex)));
-            rows_product((r0, r1), (pre_p, m, f), (x, r0, d), (w_fc, w_fc_t), b)?;
-            // SAFETY: rows r0..r1 of pre and h belong to this block alone, pre's were written
-            // just above, and h's are written (after zeroing, piece by piece) before being read.
+            rows_product((r0, r1), (grad_p, m, f), (x, r0, d), (w_fc, w_fc_t), b)?;
+            // h ← gelu(pre), and pre ← gelu'(pre) in place for the backward.
+            // SAFETY: rows r0..r1 of both buffers belong to this block alone; pre's were
+            // written just above, and h's are written (never read) by the GELU.
             let h_rows = unsafe {
-                let pre_rows = std::slice::from_raw_parts(pre_p.ptr().add(r0 * f), rows * f);
+                let pre_rows = std::slice::from_raw_parts_mut(grad_p.ptr().add(r0 * f), rows * f);
                 let h_rows = h_p.ptr().add(r0 * f);
-                for (k, piece) in pre_rows.chunks(PIECE).enumerate() {
-                    let dst = h_rows.add(k * PIECE);
-                    std::ptr::write_bytes(dst, 0, piece.len());
-                    T::gelu_slice(piece, std::slice::from_raw_parts_mut(dst, piece.len()));
-                }
+                let h_out = std::slice::from_raw_parts_mut(h_rows.cast(), rows * f);
+                T::gelu_and_grad_slice(pre_rows, h_out);
                 std::slice::from_raw_parts(h_rows, rows * f)
             };
             let w_proj_t = View::rows(0, f).transposed(); // W_projᵀ (F, O)
@@ -316,11 +320,11 @@ impl GeluMlp {
         // SAFETY: the blocks cover every group's rows, and each wrote all of its rows of the
         // three buffers.
         unsafe {
-            pre.set_len(m * f);
+            grad.set_len(m * f);
             h.set_len(m * f);
             y.set_len(m * o);
         }
-        self.pre.keep(pre);
+        self.gelu_grad.keep(grad);
         self.h.keep(h);
         Ok(y)
     }
@@ -424,7 +428,7 @@ struct Backward {
 
 impl Backward {
     /// dx (M, D) from g (M, O): each block of rows through dh = g·W_proj, dpre = dh ⊙
-    /// gelu'(pre) and dx = dpre·W_fc in turn; keeps dpre.
+    /// gelu'(pre) (kept by the forward) and dx = dpre·W_fc in turn; keeps dpre.
     fn input<T: Real>(&self, g: &[T], w_fc: &[T], s: Sizes) -> Result<Vec<T>> {
         self.mlp.with_weights(w_fc, |w| self.input_with(g, w, s))
     }
@@ -435,11 +439,11 @@ impl Backward {
         let mut dx = Vec::<T>::with_capacity(m * d);
         let (dpre_p, dx_p) = (SharedMut(dpre.as_mut_ptr()), SharedMut(dx.as_mut_ptr()));
         let (blocks, work) = self.mlp.blocks(f * (o + d));
-        self.mlp.pre.with(self.name(), |pre: &[T]| {
-            if pre.len() != m * f {
+        self.mlp.gelu_grad.with(self.name(), |gelu_grad: &[T]| {
+            if gelu_grad.len() != m * f {
                 bail!(
                     "gelu-mlp: backward for {m} rows after a forward of {}",
-                    pre.len() / f
+                    gelu_grad.len() / f
                 );
             }
             for_each_block(blocks.len(), work, |i| {
@@ -447,19 +451,13 @@ impl Backward {
                 let rows = r1 - r0;
                 let w_proj = (w.proj(ex), View::rows(0, f)); // W_proj (O, F)
                 rows_product((r0, r1), (dpre_p, m, f), (g, r0, o), w_proj, None)?;
-                // dpre ← dh ⊙ gelu'(pre), piece by piece through a copy of dh.
-                let mut dh = vec![T::zero(); PIECE.min(rows * f)];
-                for start in (r0 * f..r1 * f).step_by(PIECE) {
-                    let n = PIECE.min(r1 * f - start);
-                    // SAFETY: rows r0..r1 of dpre belong to this block, and the GEMM above
-                    // wrote them.
-                    let out = unsafe { std::slice::from_raw_parts_mut(dpre_p.ptr().add(start), n) };
-                    dh[..n].copy_from_slice(out);
-                    T::gelu_backward_slice(&pre[start..start + n], &dh[..n], out);
-                }
-                // SAFETY: as above; the loop wrote every value of these rows.
+                // dpre ← dh ⊙ gelu'(pre), in place.
+                // SAFETY: rows r0..r1 of dpre belong to this block, and the GEMM above wrote
+                // them.
                 let dpre_rows =
-                    unsafe { std::slice::from_raw_parts(dpre_p.ptr().add(r0 * f), rows * f) };
+                    unsafe { std::slice::from_raw_parts_mut(dpre_p.ptr().add(r0 * f), rows * f) };
+                T::mul_slice(dpre_rows, &gelu_grad[r0 * f..r1 * f]);
+                let dpre_rows = &*dpre_rows;
                 let w_fc = (w.fc(ex), View::rows(0, d)); // W_fc (F, D)
                 rows_product((r0, r1), (dx_p, m, d), (dpre_rows, 0, f), w_fc, None)
             })

@@ -4,6 +4,7 @@
 //! f64 (used by the finite-difference gradient checks) plain scalar code with libm.
 
 use std::any::Any;
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{bail, Layout, Result, WithDType};
@@ -25,6 +26,11 @@ pub(crate) trait Real: WithDType {
     fn gelu_slice(x: &[Self], y: &mut [Self]);
     /// dx ← g · gelu'(x).
     fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]);
+    /// y ← tanh-GELU(x) and x ← gelu'(x) (y only written), so that a backward needs only a
+    /// product (`mul_slice`): the bits of `gelu_slice` and `gelu_backward_slice`.
+    fn gelu_and_grad_slice(x: &mut [Self], y: &mut [MaybeUninit<Self>]);
+    /// d ← d ⊙ s.
+    fn mul_slice(d: &mut [Self], s: &[Self]);
     /// One row of the layer norm's forward (`norm::layer_norm_row`).
     fn layer_norm_row(x: &[Self], w: &[Self], b: &[Self], y: &mut [Self], eps: f64) {
         super::norm::layer_norm_row(x, w, b, y, eps)
@@ -79,6 +85,12 @@ impl Real for f32 {
     fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]) {
         super::simd::gelu_backward(x, g, dx)
     }
+    fn gelu_and_grad_slice(x: &mut [Self], y: &mut [MaybeUninit<Self>]) {
+        super::simd::gelu_and_grad(x, y)
+    }
+    fn mul_slice(d: &mut [Self], s: &[Self]) {
+        super::simd::mul(d, s)
+    }
     fn softmax_slice(xs: &mut [Self]) {
         super::simd::softmax_inplace(xs)
     }
@@ -124,18 +136,38 @@ impl Real for f64 {
     }
     fn gelu_slice(x: &[Self], y: &mut [Self]) {
         for (yi, &v) in y.iter_mut().zip(x) {
-            *yi = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + GELU_C * v * v * v)).tanh());
+            *yi = gelu_f64(v);
         }
     }
     fn gelu_backward_slice(x: &[Self], g: &[Self], dx: &mut [Self]) {
         for ((d, &v), &gv) in dx.iter_mut().zip(x).zip(g) {
-            // gelu(x) = x·s with s = 0.5·(1 + tanh(u)) = sigmoid(2u), u = k(x + c x³), so
-            // ds/dx = 2 s (1 − s) du/dx.
-            let s = 1.0 / (1.0 + (-2.0 * SQRT_2_OVER_PI * (v + GELU_C * v * v * v)).exp());
-            let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * v * v);
-            *d = gv * (s + v * 2.0 * s * (1.0 - s) * du);
+            *d = gv * gelu_grad_f64(v);
         }
     }
+    fn gelu_and_grad_slice(x: &mut [Self], y: &mut [MaybeUninit<Self>]) {
+        for (yi, v) in y.iter_mut().zip(x) {
+            yi.write(gelu_f64(*v));
+            *v = gelu_grad_f64(*v);
+        }
+    }
+    fn mul_slice(d: &mut [Self], s: &[Self]) {
+        for (d, &s) in d.iter_mut().zip(s) {
+            *d *= s;
+        }
+    }
+}
+
+/// tanh-GELU in f64: 0.5·v·(1 + tanh(k(v + c v³))).
+fn gelu_f64(v: f64) -> f64 {
+    0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + GELU_C * v * v * v)).tanh())
+}
+
+/// gelu'(v) in f64: gelu(x) = x·s with s = 0.5·(1 + tanh(u)) = sigmoid(2u), u = k(x + c x³),
+/// so gelu' = s + x·ds/dx with ds/dx = 2 s (1 − s) du/dx.
+fn gelu_grad_f64(v: f64) -> f64 {
+    let s = 1.0 / (1.0 + (-2.0 * SQRT_2_OVER_PI * (v + GELU_C * v * v * v)).exp());
+    let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * v * v);
+    s + v * 2.0 * s * (1.0 - s) * du
 }
 
 /// The check of a two-input element-wise op, for its CPU and CUDA paths alike.

@@ -9,6 +9,8 @@
 //! multiply-add is requested, reductions use a fixed lane layout), so results do not depend on
 //! which variant runs.
 
+use std::mem::MaybeUninit;
+
 /// Inputs above this overflow to +inf; below `EXP_LO` the result is flushed to 0.
 const EXP_HI: f32 = 88.3;
 const EXP_LO: f32 = -87.3;
@@ -172,6 +174,37 @@ fn gelu_backward_impl(x: &[f32], g: &[f32], dx: &mut [f32]) {
     }
     for ((d, &v), &gv) in d_rest.iter_mut().zip(x_rest).zip(g_rest) {
         *d = gv * gelu_grad_one(v);
+    }
+}
+
+/// y ← gelu(x) and x ← gelu'(x) in one pass, for a forward that keeps the derivative for its
+/// backward instead of the pre-activation: the backward is then a product (`mul_impl`) where
+/// `gelu_backward_impl` recomputes the exp and a division per value. Both outputs share the
+/// value's 1 + e^(−2u), so they are the bits of `gelu_one` and `gelu_grad_one`. y may be fresh
+/// memory: it is only written.
+#[inline(always)]
+fn gelu_and_grad_impl(x: &mut [f32], y: &mut [MaybeUninit<f32>]) {
+    let (xb, x_rest) = x.as_chunks_mut::<LANES>();
+    let (yb, y_rest) = y.as_chunks_mut::<LANES>();
+    for (xa, yc) in xb.iter_mut().zip(yb) {
+        let e = exp_lanes(&minus_two_u(xa));
+        for ((o, v), &e) in yc.iter_mut().zip(xa.iter_mut()).zip(&e) {
+            let denom = 1.0 + e;
+            o.write(*v / denom);
+            *v = gelu_grad_from(*v, 1.0 / denom);
+        }
+    }
+    for (o, v) in y_rest.iter_mut().zip(x_rest) {
+        let denom = 1.0 + exp(-two_u(*v));
+        o.write(*v / denom);
+        *v = gelu_grad_from(*v, 1.0 / denom);
+    }
+}
+
+#[inline(always)]
+fn mul_impl(d: &mut [f32], s: &[f32]) {
+    for (d, &s) in d.iter_mut().zip(s) {
+        *d *= s;
     }
 }
 
@@ -375,6 +408,17 @@ multiversion! {
 }
 
 multiversion! {
+    /// y ← tanh-GELU(x), x ← gelu'(x), element-wise (`x` and `y` of the same length; y is
+    /// only written).
+    pub fn gelu_and_grad(x: &mut [f32], y: &mut [MaybeUninit<f32>]) => gelu_and_grad_impl
+}
+
+multiversion! {
+    /// d ← d ⊙ s, element-wise over the common length.
+    pub fn mul(d: &mut [f32], s: &[f32]) => mul_impl
+}
+
+multiversion! {
     /// Σ xs, accumulated in 32 fixed lanes (deterministic, not the sequential order).
     pub fn sum(xs: &[f32]) -> f32 => sum_impl
 }
@@ -526,6 +570,22 @@ mod tests {
             .collect();
         assert_eq!(bits(&dx), bits(&dx_ref));
         assert_eq!(bits(&dx_base), bits(&dx_ref));
+        // GELU with its derivative kept, then the backward as a product: the same bits as
+        // the two kernels above.
+        for kernel in [gelu_and_grad, gelu_and_grad_impl] {
+            let mut grad = x.clone();
+            let mut y_kept = vec![MaybeUninit::uninit(); x.len()];
+            kernel(&mut grad, &mut y_kept);
+            // SAFETY: the kernel wrote every value of y_kept.
+            let y_kept: Vec<f32> = y_kept.iter().map(|v| unsafe { v.assume_init() }).collect();
+            assert_eq!(bits(&y_kept), bits(&y_ref));
+            let mut dx_kept = g.clone();
+            mul(&mut dx_kept, &grad);
+            assert_eq!(bits(&dx_kept), bits(&dx_ref));
+            let mut dx_kept_base = g.clone();
+            mul_impl(&mut dx_kept_base, &grad);
+            assert_eq!(bits(&dx_kept_base), bits(&dx_ref));
+        }
         let mut e = x.clone();
         exp_inplace(&mut e);
         let mut e_base = x.clone();
