@@ -4,9 +4,9 @@
 //! CPU op is one pass each way; its backward uses 0.5 · (1 + tanh u) = sigmoid(2u), so one `exp`
 //! per element (`simd` vectorises it in f32).
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
-
 use std::mem::MaybeUninit;
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use super::parallel::{filled_by_rows, SharedMut};
 use super::real::{float_kernel, same_shape, Real};
