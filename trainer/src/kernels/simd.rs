@@ -186,18 +186,21 @@ fn gelu_backward_impl(x: &[f32], g: &[f32], dx: &mut [f32]) {
 fn gelu_and_grad_impl(x: &mut [f32], y: &mut [MaybeUninit<f32>]) {
     let (xb, x_rest) = x.as_chunks_mut::<LANES>();
     let (yb, y_rest) = y.as_chunks_mut::<LANES>();
+    // Both from x and its e^(−2u): gelu = x / (1 + e), gelu' from s = 1 / (1 + e).
+    let both = |o: &mut MaybeUninit<f32>, v: &mut f32, e: f32| {
+        let denom = 1.0 + e;
+        o.write(*v / denom);
+        *v = gelu_grad_from(*v, 1.0 / denom);
+    };
     for (xa, yc) in xb.iter_mut().zip(yb) {
         let e = exp_lanes(&minus_two_u(xa));
         for ((o, v), &e) in yc.iter_mut().zip(xa.iter_mut()).zip(&e) {
-            let denom = 1.0 + e;
-            o.write(*v / denom);
-            *v = gelu_grad_from(*v, 1.0 / denom);
+            both(o, v, e);
         }
     }
     for (o, v) in y_rest.iter_mut().zip(x_rest) {
-        let denom = 1.0 + exp(-two_u(*v));
-        o.write(*v / denom);
-        *v = gelu_grad_from(*v, 1.0 / denom);
+        let e = exp(-two_u(*v));
+        both(o, v, e);
     }
 }
 
