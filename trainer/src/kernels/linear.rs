@@ -90,9 +90,9 @@ pub fn linear_step(weight: &Tensor, bias: &Tensor) -> Result<Box<dyn Step>> {
     Op3Step::boxed(LinearBias, weight, bias)
 }
 
-/// out (rows, cols) = lhs (rows, k) · rhs (k, cols) [+ bias on every row], in about one block of
-/// rows per thread (at least 16 rows each), each block one single-threaded GEMM (starting from
-/// the bias when there is one).
+/// out (rows, cols) = lhs (rows, k) · rhs (k, cols) [+ bias on every row], in a few blocks of
+/// rows per thread (`row_blocks`, at least 16 rows each), each block one single-threaded GEMM
+/// (starting from the bias when there is one).
 fn product_by_row_blocks<T: Real>(
     dims: (usize, usize, usize),
     lhs: &[T],
