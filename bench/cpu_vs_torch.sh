@@ -34,6 +34,11 @@ for arg in "$@"; do
 done
 
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(uname -m)"
+# Two vCPUs of a cloud VM are often the two hyperthreads of one core (then a GEMM-bound step
+# gains little from its second thread), and AVX-512 decides which GEMM kernel runs.
+threads_per_core="$(lscpu 2>/dev/null | sed -n 's/^Thread(s) per core: *//p' || true)"
+if grep -qw avx512f /proc/cpuinfo; then simd="AVX-512 (kernels::sgemm)"; else simd="no AVX-512 (the gemm crate's AVX2 kernel)"; fi
+echo "threads per core: ${threads_per_core:-unknown}; ${simd}"
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [ -z "${TRAINYARD:-}" ]; then
     cargo build -q --release -p trainyard
