@@ -118,6 +118,19 @@ pub async fn spawn(settings: Settings) -> Spawned {
     Spawned { address, state }
 }
 
+/// The port in a `trainyard serve` log's "trainyard listening" line (the server was started
+/// on port 0 and says which one it got).
+pub fn listening_port(logs: &str) -> Option<u16> {
+    let line = logs.lines().find(|l| l.contains("trainyard listening"))?;
+    let at = line.find("127.0.0.1:")? + "127.0.0.1:".len();
+    line[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()
+}
+
 /// An HTTP client whose requests give up after 30 s instead of hanging a test.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

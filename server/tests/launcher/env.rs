@@ -17,8 +17,7 @@ async fn printed_environment(
     server_env: &[(&str, &str)],
     token: Option<&str>,
 ) -> (String, String) {
-    let port = free_port();
-    let mut server = spawn_serve_with_env(data, port, server_env).await;
+    let mut server = spawn_serve_with_env(data, 0, server_env).await;
     let mut request = client()
         .post(format!("{}/api/v1/runs", server.address))
         .json(&json!({"launch": true, "command": "env"}));
@@ -34,7 +33,11 @@ async fn printed_environment(
     // which may want a token).
     let deadline = Instant::now() + Duration::from_secs(60);
     while !dir.join("exit_code").exists() {
-        assert!(Instant::now() < deadline, "the command never finished");
+        assert!(
+            Instant::now() < deadline,
+            "the command never finished; the server's log:\n{}",
+            serve_log(data)
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let log = std::fs::read_to_string(dir.join("output.log")).expect("output.log");

@@ -157,27 +157,36 @@ pub fn children(pid: i64) -> Vec<i32> {
 pub struct ServeProcess {
     pub child: std::process::Child,
     pub address: String,
+    /// The port it listens on: a restart on the same data directory passes it back in.
+    pub port: u16,
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+/// The file in a server's data directory that collects its log, across restarts.
+const SERVE_LOG: &str = "serve.log";
 
+/// `trainyard serve` (command launches allowed) on `port`, 0 for one the kernel picks.
 pub async fn spawn_serve(data_dir: &Path, port: u16) -> ServeProcess {
     spawn_serve_with_env(data_dir, port, &[]).await
 }
 
-/// `trainyard serve` (command launches allowed) with these extra environment variables.
+/// `trainyard serve` (command launches allowed) with these extra environment variables, on
+/// `port` (0: any free one). The port is read back from the server's own "listening" log line
+/// rather than reserved beforehand: a port found free and released can be taken by another
+/// test's server before this one binds it, and requests would then reach that server.
 pub async fn spawn_serve_with_env(
     data_dir: &Path,
     port: u16,
     env: &[(&str, &str)],
 ) -> ServeProcess {
-    let child = std::process::Command::new(TRAINYARD)
+    std::fs::create_dir_all(data_dir).expect("data dir");
+    let log_path = data_dir.join(SERVE_LOG);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .expect("open the server log");
+    let from = log.metadata().expect("log metadata").len() as usize;
+    let mut child = std::process::Command::new(TRAINYARD)
         .args([
             "serve",
             "--addr",
@@ -188,17 +197,43 @@ pub async fn spawn_serve_with_env(
         .args(["--cpu-slots", "2", "--gpus", "0", "--allow-command-launch"])
         .env_remove("DATABASE_URL")
         .env_remove("TRAINYARD_ADMIN_TOKEN")
+        // The "listening" line is an info line; a test may still ask for more.
+        .env("RUST_LOG", "info")
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("spawn trainyard serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let port = loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let ours = text.get(from..).unwrap_or_default();
+        if let Some(port) = crate::kit::listening_port(ours) {
+            break port;
+        }
+        if let Some(status) = child.try_wait().expect("server status") {
+            panic!("trainyard serve exited ({status}) before listening:\n{ours}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "trainyard serve did not come up:\n{ours}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let address = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
     let c = client();
     while c.get(format!("{address}/healthz")).send().await.is_err() {
-        assert!(Instant::now() < deadline, "trainyard serve did not come up");
+        assert!(Instant::now() < deadline, "trainyard serve did not answer");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    ServeProcess { child, address }
+    ServeProcess {
+        child,
+        address,
+        port,
+    }
+}
+
+/// What a server started by `spawn_serve` has logged so far, for a failing test's message.
+pub fn serve_log(data_dir: &Path) -> String {
+    std::fs::read_to_string(data_dir.join(SERVE_LOG)).unwrap_or_default()
 }

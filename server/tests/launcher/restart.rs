@@ -10,8 +10,8 @@ use crate::helpers::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_survives_a_server_sigkill_is_readopted_finishes_and_misses_no_metric_step() {
     let data = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut server = spawn_serve(data.path(), port).await;
+    let mut server = spawn_serve(data.path(), 0).await;
+    let port = server.port;
     let c = client();
     // Posts 30 steps, retrying each until the server takes it (as the trainer's spool does).
     let cmd = r#"for step in $(seq 0 29); do
@@ -70,8 +70,8 @@ done"#;
 async fn after_a_server_restart_queued_runs_stay_queued_and_vanished_processes_are_failed_as_lost()
 {
     let data = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut server = spawn_serve(data.path(), port).await;
+    let mut server = spawn_serve(data.path(), 0).await;
+    let port = server.port;
     let c = client();
     let hog = launch(
         &c,

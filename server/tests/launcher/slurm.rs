@@ -306,9 +306,9 @@ async fn a_failed_slurm_job_is_resubmitted_and_resumes_from_its_latest_checkpoin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slurm_job_outlives_a_server_sigkill_and_the_next_server_readopts_it() {
     let data = tempfile::tempdir().unwrap();
-    let port = free_port();
     let env = [("TRAINYARD_EXECUTOR", "slurm")];
-    let mut server = spawn_serve_with_env(data.path(), port, &env).await;
+    let mut server = spawn_serve_with_env(data.path(), 0, &env).await;
+    let port = server.port;
     let c = client();
     let mut body = tiny(2000, 500, 0);
     body["resources"] = json!({});

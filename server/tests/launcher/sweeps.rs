@@ -278,9 +278,9 @@ async fn a_sweep_survives_a_server_sigkill_with_no_trial_lost_or_launched_twice(
     let data = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let script = analytic_script(dir.path(), 0.4);
-    let port = free_port();
     let c = client();
-    let mut server = spawn_serve(data.path(), port).await;
+    let mut server = spawn_serve(data.path(), 0).await;
+    let port = server.port;
     let sweep = submit(&c, &server.address, analytic_spec(&script, 6, 2)).await;
     let id = sweep["id"].as_str().unwrap().to_string();
     // Killed in the middle: some trials done, others running.

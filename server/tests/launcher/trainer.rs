@@ -162,8 +162,8 @@ async fn stopping_a_training_run_leaves_a_checkpoint_that_a_resumed_trainer_cont
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_training_run_survives_a_server_sigkill_and_no_metric_step_is_missing() {
     let data = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut server = spawn_serve(data.path(), port).await;
+    let mut server = spawn_serve(data.path(), 0).await;
+    let port = server.port;
     let c = client();
     let id = launch(&c, &server.address, tiny(4000, 1000, 0)).await;
     wait_for(&c, &server.address, &id, Duration::from_secs(300), |r| {

@@ -302,7 +302,7 @@ fn no_password_or_token_secret_reaches_a_log_line() {
             }
             all.push_str(&String::from_utf8_lossy(&buf[..n]));
             if !sent {
-                if let Some(port) = listening_port(&all) {
+                if let Some(port) = crate::kit::listening_port(&all) {
                     let _ = port_tx.send(port);
                     sent = true;
                 }
@@ -414,17 +414,6 @@ fn no_password_or_token_secret_reaches_a_log_line() {
             secret.len()
         );
     }
-}
-
-fn listening_port(logs: &str) -> Option<u16> {
-    let line = logs.lines().find(|l| l.contains("listening"))?;
-    let at = line.find("127.0.0.1:")? + "127.0.0.1:".len();
-    line[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .ok()
 }
 
 fn accounts_behind_https(s: &mut trainyard::app::Settings) {
