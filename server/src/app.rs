@@ -252,6 +252,7 @@ impl Application {
                 format!("creating data directory {}", settings.data_dir.display())
             })?;
         }
+        prepare_launches(&mut settings)?;
         let url = settings.resolved_database_url();
         let store = store::connect(&url)
             .await
@@ -321,6 +322,47 @@ impl Application {
         sweeps.abort_all();
         Ok(())
     }
+}
+
+/// Checks the data roots, creates the token cache and decides whether runs are confined: a
+/// server with accounts whose kernel has no Landlock refuses to start unless its operator says
+/// runs are not confined (`--unconfined-runs`).
+fn prepare_launches(settings: &mut Settings) -> anyhow::Result<()> {
+    use crate::launcher::confine::kernel_abi;
+    let database_file = settings
+        .resolved_database_url()
+        .strip_prefix("sqlite://")
+        .map(|rest| PathBuf::from(rest.split('?').next().unwrap_or(rest)));
+    std::fs::create_dir_all(&settings.data_dir)
+        .with_context(|| format!("creating data directory {}", settings.data_dir.display()))?;
+    let launcher = &mut settings.launcher;
+    launcher.roots = crate::launcher::roots::DataRoots::resolve(
+        &launcher.data_roots,
+        &settings.data_dir,
+        database_file.as_deref(),
+    )?;
+    let cache = crate::launcher::token_cache(&settings.data_dir);
+    std::fs::create_dir_all(&cache)
+        .with_context(|| format!("creating the token cache {}", cache.display()))?;
+    let accounts = settings.auth || !settings.addr.ip().is_loopback();
+    launcher.confinement =
+        crate::launcher::confine::decide(launcher.unconfined_runs, kernel_abi(), accounts)?;
+    if !launcher.confinement.is_on() {
+        tracing::warn!(
+            "launched runs are NOT confined ({}): only the data roots are checked at launch",
+            if launcher.unconfined_runs {
+                "--unconfined-runs"
+            } else {
+                "this kernel has no Landlock"
+            }
+        );
+    }
+    tracing::info!(
+        data_roots = %launcher.roots.describe(),
+        confined = launcher.confinement.is_on(),
+        "launched runs read from the data roots"
+    );
+    Ok(())
 }
 
 fn backend_name(url: &str) -> &'static str {

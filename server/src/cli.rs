@@ -43,6 +43,10 @@ pub enum Command {
     Export(trainer::cli::ExportArgs),
     /// Manage accounts on the server's database (`user add NAME --admin`, `user list`, ...).
     User(crate::user_cli::UserArgs),
+    /// Run a command confined to the files and ports given (what a Slurm job script starts a
+    /// run through; `docs/security.md`, "What a launched run can touch").
+    #[command(hide = true)]
+    Confine(crate::launcher::confine::ConfineArgs),
 }
 
 #[derive(Debug, Args)]
@@ -59,6 +63,26 @@ pub struct ServeArgs {
     /// Token every /api request must carry as `Authorization: Bearer <token>`.
     #[arg(long, env = "TRAINYARD_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// A file whose first line is the admin token (instead of --admin-token, which other
+    /// processes of the same user can read from this process's environment or command line).
+    #[arg(
+        long,
+        env = "TRAINYARD_ADMIN_TOKEN_FILE",
+        conflicts_with = "admin_token"
+    )]
+    pub admin_token_file: Option<PathBuf>,
+    /// A folder whose files launched runs may read (repeatable, or comma-separated in the
+    /// variable). Every path of a launch config must lie in one [default: <data dir>/datasets].
+    #[arg(
+        long = "data-root",
+        env = "TRAINYARD_DATA_ROOTS",
+        value_delimiter = ','
+    )]
+    pub data_roots: Vec<PathBuf>,
+    /// Launch runs without confining them with Landlock. Needed to start a server with
+    /// accounts on a kernel without Landlock; `/healthz` then says `runs_confined: false`.
+    #[arg(long, env = "TRAINYARD_UNCONFINED_RUNS")]
+    pub unconfined_runs: bool,
     /// GPUs the launcher may use, e.g. `0,1` [default: every GPU nvidia-smi lists].
     #[arg(long, env = "TRAINYARD_GPUS")]
     pub gpus: Option<String>,
@@ -161,6 +185,15 @@ pub struct SlurmArgs {
         value_delimiter = ';'
     )]
     pub slurm_extra: Vec<String>,
+    /// An sbatch option users who are not administrators may set in `resources.slurm.extra`
+    /// (repeatable, its long name, e.g. `constraint`) [default: none]. Options that set output,
+    /// error, input, working directory or environment are refused for everyone.
+    #[arg(
+        long = "slurm-allow-option",
+        env = "TRAINYARD_SLURM_ALLOW_OPTIONS",
+        value_delimiter = ','
+    )]
+    pub slurm_allow_options: Vec<String>,
     /// The URL Slurm jobs report to, when the compute nodes reach this server by another name
     /// than its listening address, e.g. `http://trainyard-host:8080`.
     #[arg(long, env = "TRAINYARD_SLURM_SERVER_URL")]
@@ -192,8 +225,28 @@ impl SlurmArgs {
         launcher.slurm.allowed = self.allow_slurm;
         launcher.slurm.defaults = defaults;
         launcher.slurm.server_url = self.slurm_server_url.filter(|u| !u.is_empty());
+        launcher.slurm.allowed_options = self
+            .slurm_allow_options
+            .iter()
+            .map(|o| o.trim().trim_start_matches('-').to_string())
+            .filter(|o| !o.is_empty())
+            .collect();
         Ok(())
     }
+}
+
+/// The admin token from `--admin-token-file`: its first line, trimmed, not empty.
+fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--admin-token-file {}: {e}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        anyhow::bail!(
+            "--admin-token-file {}: the file's first line is empty",
+            path.display()
+        );
+    }
+    Ok(token)
 }
 
 fn parse_default_level(text: &str) -> Result<Level, String> {
@@ -212,6 +265,12 @@ impl ServeArgs {
             launcher.gpus = Some(gpus.iter().map(|g| g.index).collect());
         }
         launcher.cpu_slots = self.cpu_slots;
+        launcher.data_roots = self.data_roots;
+        launcher.unconfined_runs = self.unconfined_runs;
+        let admin_token = match &self.admin_token_file {
+            Some(path) => Some(read_token_file(path)?),
+            None => self.admin_token.filter(|t| !t.is_empty()),
+        };
         launcher.stop_grace = std::time::Duration::from_secs(self.stop_grace_secs);
         (*self.slurm).clone().apply(&mut launcher)?;
         Ok(Settings {
@@ -219,7 +278,7 @@ impl ServeArgs {
             addr: self.addr,
             data_dir: self.data_dir,
             database_url: self.database_url.filter(|u| !u.is_empty()),
-            admin_token: self.admin_token.filter(|t| !t.is_empty()),
+            admin_token,
             body_limit: DEFAULT_BODY_LIMIT,
             public_url: self.public_url,
             allowed_hosts: self.allowed_hosts,
@@ -241,6 +300,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::User(args) => crate::user_cli::run(args).await,
+        Command::Confine(args) => crate::launcher::confine::run_confined(args),
         // The trainer is synchronous (and its HTTP reporter blocking): keep it off the runtime.
         Command::Train(args) => {
             tokio::task::spawn_blocking(move || trainer::cli::run_train(args)).await?

@@ -12,6 +12,7 @@ use super::paths;
 use crate::app::AppState;
 use crate::http::error::ApiError;
 use crate::launcher::LaunchSpec;
+use crate::store::accounts::Level;
 use crate::store::{NewRun, Run, DEFAULT_EXPERIMENT};
 use crate::validate::limits::{
     check_len, config_limit_error, yaml_limit_error, MAX_COMMAND_BYTES, MAX_NAME_LEN,
@@ -235,29 +236,55 @@ pub async fn launch_run(
         .into());
     }
     let command = parse_command(&req.command)?;
+    if let Some(slurm) = req.resources.as_ref().and_then(|r| r.slurm.as_ref()) {
+        if !principal.is_admin() {
+            slurm.check_allowed(
+                "resources.slurm",
+                &state.settings.launcher.slurm.allowed_options,
+            )?;
+        }
+    }
     check_launch_limits(&req)?;
     if let Some(dir) = &req.working_dir {
         check_len("working_dir", dir, MAX_WORKING_DIR_LEN)?;
     }
     let server_dir = std::env::current_dir().map_err(|e| ApiError::Internal(e.into()))?;
     let base = paths::Base::of(req.working_dir.as_deref(), &server_dir)?;
-    let token_cache = paths::server_token_cache(
-        &std::path::absolute(state.launcher.data_dir())
-            .map_err(|e| ApiError::Internal(e.into()))?,
-    );
+    let data_dir = std::fs::canonicalize(state.launcher.data_dir())
+        .map_err(|e| ApiError::Internal(e.into()))?;
+    let roots = state.launcher.roots().clone();
     // Parsing and validating a config is CPU work, and checking its paths file system work:
     // keep both off the async workers, so a slow document delays only its own request.
     let (mut req, config) = tokio::task::spawn_blocking(move || {
+        let allowed = paths::Allowed {
+            roots: &roots,
+            runs_dir: &data_dir.join("runs"),
+            token_cache: &crate::launcher::token_cache(&data_dir),
+        };
         let config = resolve_config(&req).and_then(|config| {
             config
-                .map(|mut c| paths::resolve_paths(&mut c, &base, &token_cache).map(|()| c))
+                .map(|mut c| paths::resolve_paths(&mut c, &base, &allowed).map(|runs| (c, runs)))
                 .transpose()
         });
         (req, config)
     })
     .await
     .map_err(|e| ApiError::Internal(e.into()))?;
-    let config = config?
+    let (config, run_paths) = match config? {
+        Some((config, runs)) => (Some(config), runs),
+        None => (None, Vec::new()),
+    };
+    // Another run's checkpoint is the launcher's to read only if that run is: refused in the
+    // words of any path outside the roots, so a hidden run is not revealed.
+    let mut read = Vec::new();
+    for run_path in run_paths {
+        match crate::access::require_run(state, principal, &run_path.run_id, Level::Read).await {
+            Ok(()) => read.push(run_path.path),
+            Err(crate::access::Denied::Store(e)) => return Err(ApiError::from(e)),
+            Err(_) => return Err(run_path.refusal.into()),
+        }
+    }
+    let config = config
         .map(|c| serde_json::to_value(&c))
         .transpose()
         .map_err(|e| ApiError::Internal(e.into()))?;
@@ -267,6 +294,7 @@ pub async fn launch_run(
         command,
         config: config.clone(),
         env: std::mem::take(&mut req.env),
+        read,
         executor: req.resources.as_ref().and_then(|r| r.executor),
         slurm: req
             .resources

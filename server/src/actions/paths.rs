@@ -3,15 +3,46 @@
 //! every relative path is resolved against the launch's base directory: the request's
 //! `working_dir` (`trainyard submit` sends the directory it runs in), else the server's working
 //! directory. The stored config holds the absolute paths the run will use. What the run reads
-//! must exist now, or the launch is refused naming the key. A token cache left at its default is
-//! the server's one cache, `<data dir>/cache/tokens`, so launched runs share their tokens.
+//! must exist now, or the launch is refused naming the key.
+//!
+//! What the run reads must also lie, symlinks followed, inside a data root
+//! (`launcher::roots`), or be a checkpoint of a run its launcher may read (the caller checks
+//! that access: see [`RunPath`]); anything else is refused naming the key, the resolved path and
+//! the roots. The token cache is the server's one cache, `<data dir>/cache/tokens`, shared by
+//! launched runs, or a folder of the run itself (a relative `data.cache_dir`, kept relative:
+//! the run starts in its run directory).
 
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use trainer::config::{Config, DataConfig};
 
+use crate::launcher::roots::DataRoots;
 use crate::validate::Invalid;
+
+/// Most files of a dataset glob checked against the roots at admission (the confinement covers
+/// the rest while the run executes).
+const MAX_GLOB_CHECKED: usize = 10_000;
+
+/// Where the paths of a launch may point.
+pub struct Allowed<'a> {
+    pub roots: &'a DataRoots,
+    /// `<data dir>/runs`, canonical: a checkpoint of a run there is a [`RunPath`].
+    pub runs_dir: &'a Path,
+    /// The server's token cache (`<data dir>/cache/tokens`).
+    pub token_cache: &'a Path,
+}
+
+/// A path of the config inside another run's checkpoints: admitted only when the launcher may
+/// read that run, which the caller checks; otherwise it is refused with `refusal`, the same
+/// words as any path outside the roots, so a run one may not read is not revealed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunPath {
+    pub run_id: String,
+    /// The canonical checkpoint directory the run will read.
+    pub path: PathBuf,
+    pub refusal: Invalid,
+}
 
 /// Where relative paths of a launch resolve, and how a message names it.
 pub struct Base {
@@ -58,53 +89,164 @@ impl Base {
     }
 }
 
-/// The server's token cache under its data directory.
-pub fn server_token_cache(data_dir: &Path) -> PathBuf {
-    data_dir.join("cache").join("tokens")
-}
-
-/// Rewrites the config's paths as absolute paths (see the module comment) and checks that what
-/// the run reads exists.
-pub fn resolve_paths(cfg: &mut Config, base: &Base, token_cache: &Path) -> Result<(), Invalid> {
+/// Rewrites the config's paths as absolute paths and checks that what the run reads exists and
+/// lies where runs may read (see the module comment). Returns the other runs' checkpoints the
+/// config starts from, whose access the caller checks.
+pub fn resolve_paths(
+    cfg: &mut Config,
+    base: &Base,
+    allowed: &Allowed<'_>,
+) -> Result<Vec<RunPath>, Invalid> {
+    let mut run_paths = Vec::new();
     let data = &mut cfg.data;
     let dataset = data.dataset.trim().to_string();
     if !matches!(dataset.as_str(), "dummy" | "demo") && !dataset.is_empty() {
-        data.dataset = resolve_dataset(&dataset, base)?;
+        data.dataset = resolve_dataset(&dataset, base, allowed.roots)?;
     }
     if !matches!(data.tokenizer.as_str(), "bytes" | "bpe") && !data.tokenizer.trim().is_empty() {
         let written = data.tokenizer.clone();
         let path = base.resolve(&written);
         check_exists("data.tokenizer", &path, Kind::File, &base.how(&written))?;
+        check_in_roots("data.tokenizer", &path, allowed.roots)?;
         data.tokenizer = path.display().to_string();
     }
-    data.cache_dir = if data.cache_dir == DataConfig::default().cache_dir {
-        token_cache.display().to_string()
-    } else {
-        base.resolve(&data.cache_dir).display().to_string()
-    };
+    data.cache_dir = resolve_cache_dir(&data.cache_dir, allowed.token_cache)?;
     if let Some(written) = cfg.training.init_from.clone() {
         // `latest` names the run's own newest checkpoint, which a fresh launch cannot have; the
         // trainer says so itself.
         if written != "latest" && !written.trim().is_empty() {
-            cfg.training.init_from = Some(resolve_weights("training.init_from", &written, base)?);
+            let (path, run) = resolve_weights("training.init_from", &written, base, allowed)?;
+            cfg.training.init_from = Some(path);
+            run_paths.extend(run);
         }
     }
     let reference = cfg.training.dpo.reference.clone();
     // `init` is the run's own starting model; anything else is a checkpoint or `hf:` directory.
     if reference.trim() != "init" && !reference.trim().is_empty() {
-        cfg.training.dpo.reference = resolve_weights("training.dpo.reference", &reference, base)?;
+        let (path, run) = resolve_weights("training.dpo.reference", &reference, base, allowed)?;
+        cfg.training.dpo.reference = path;
+        run_paths.extend(run);
     }
-    Ok(())
+    Ok(run_paths)
+}
+
+/// `data.cache_dir`: the default is the server's token cache; an absolute path must lie in it;
+/// a relative one without `..` is a folder of the run and stays relative.
+fn resolve_cache_dir(written: &str, token_cache: &Path) -> Result<String, Invalid> {
+    const KEY: &str = "data.cache_dir";
+    if written == DataConfig::default().cache_dir {
+        return Ok(token_cache.display().to_string());
+    }
+    let path = Path::new(written.trim());
+    let inside_run = !path.as_os_str().is_empty()
+        && path.components().all(|c| matches!(c, Component::Normal(_)));
+    if inside_run {
+        return Ok(written.trim().to_string());
+    }
+    if path.is_absolute() && canonical_prefix(path).starts_with(canonical_prefix(token_cache)) {
+        return Ok(path.display().to_string());
+    }
+    Err(Invalid::new(
+        KEY,
+        format!(
+            "{KEY}: `{written}` is neither the server's token cache {} nor a folder of the run \
+             (a relative path without `..`, such as `cache`)",
+            token_cache.display()
+        ),
+    ))
+}
+
+/// The canonical form of the longest existing prefix of `path`, with the rest appended.
+fn canonical_prefix(path: &Path) -> PathBuf {
+    let mut existing = path.to_path_buf();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(canonical) = std::fs::canonicalize(&existing) {
+            return rest.iter().rev().fold(canonical, |p, c| p.join(c));
+        }
+        match (
+            existing.file_name().map(|n| n.to_os_string()),
+            existing.parent(),
+        ) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                existing = parent.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+/// An existing path the run reads must resolve, symlinks followed, inside a data root.
+fn check_in_roots(key: &str, path: &Path, roots: &DataRoots) -> Result<(), Invalid> {
+    let canonical = canonical_prefix(path);
+    if roots.contain(&canonical) {
+        return Ok(());
+    }
+    Err(outside_roots(key, path, &canonical, roots))
+}
+
+fn outside_roots(key: &str, path: &Path, canonical: &Path, roots: &DataRoots) -> Invalid {
+    let resolved = if canonical != path {
+        format!(" (it resolves to {})", canonical.display())
+    } else {
+        String::new()
+    };
+    Invalid::new(
+        key,
+        format!(
+            "{key}: {}{resolved} is outside the data roots ({}); a launched run may read only \
+             files under a data root, which an operator adds with `trainyard serve --data-root \
+             DIR`",
+            path.display(),
+            roots.describe()
+        ),
+    )
+}
+
+/// A checkpoint directory may lie in a data root, or be a checkpoint of a run on this server.
+fn check_weights_place(
+    key: &str,
+    path: &Path,
+    allowed: &Allowed<'_>,
+) -> Result<Option<RunPath>, Invalid> {
+    let canonical = canonical_prefix(path);
+    if allowed.roots.contain(&canonical) {
+        return Ok(None);
+    }
+    let refusal = outside_roots(key, path, &canonical, allowed.roots);
+    let mut parts = match canonical.strip_prefix(allowed.runs_dir) {
+        Ok(rest) => rest.components(),
+        Err(_) => return Err(refusal),
+    };
+    match (parts.next(), parts.next()) {
+        (Some(Component::Normal(id)), Some(Component::Normal(folder)))
+            if Path::new(folder) == trainer::checkpoint::checkpoints_dir(Path::new("")) =>
+        {
+            Ok(Some(RunPath {
+                run_id: id.to_string_lossy().into_owned(),
+                path: canonical,
+                refusal,
+            }))
+        }
+        _ => Err(refusal),
+    }
 }
 
 /// Starting or reference weights: a checkpoint directory, or `hf:PATH`, a Hugging Face
 /// directory, whose path resolves the same way and which must hold the `config.json` the trainer
 /// reads the model's shape from. The prefix is kept.
-fn resolve_weights(key: &str, written: &str, base: &Base) -> Result<String, Invalid> {
+fn resolve_weights(
+    key: &str,
+    written: &str,
+    base: &Base,
+    allowed: &Allowed<'_>,
+) -> Result<(String, Option<RunPath>), Invalid> {
     let Some(rest) = written.strip_prefix(trainer::hf::PREFIX) else {
         let path = base.resolve(written);
         check_exists(key, &path, Kind::Dir, &base.how(written))?;
-        return Ok(path.display().to_string());
+        let run = check_weights_place(key, &path, allowed)?;
+        return Ok((path.display().to_string(), run));
     };
     let rest = rest.trim();
     if rest.is_empty() {
@@ -125,14 +267,17 @@ fn resolve_weights(key: &str, written: &str, base: &Base) -> Result<String, Inva
             trainer::hf::CONFIG_FILE
         ),
     )?;
-    Ok(format!("{}{}", trainer::hf::PREFIX, path.display()))
+    check_in_roots(key, &path, allowed.roots)?;
+    Ok((format!("{}{}", trainer::hf::PREFIX, path.display()), None))
 }
 
 /// A dataset file, directory or glob, made absolute; a glob must match something.
-fn resolve_dataset(written: &str, base: &Base) -> Result<String, Invalid> {
+fn resolve_dataset(written: &str, base: &Base, roots: &DataRoots) -> Result<String, Invalid> {
+    const KEY: &str = "data.dataset";
     if !written.contains(['*', '?', '[']) {
         let path = base.resolve(written);
-        check_exists("data.dataset", &path, Kind::Any, &base.how(written))?;
+        check_exists(KEY, &path, Kind::Any, &base.how(written))?;
+        check_in_roots(KEY, &path, roots)?;
         return Ok(path.display().to_string());
     }
     // The base directory is literal text inside the pattern.
@@ -142,18 +287,26 @@ fn resolve_dataset(written: &str, base: &Base) -> Result<String, Invalid> {
         let dir = glob::Pattern::escape(&base.dir.display().to_string());
         format!("{}/{written}", dir.trim_end_matches('/'))
     };
-    let matched = glob::glob(&pattern)
+    let mut matches = glob::glob(&pattern)
         .map_err(|e| {
             Invalid::new(
-                "data.dataset",
-                format!(
-                    "data.dataset: `{written}` is not a valid glob pattern: {}",
-                    e.msg
-                ),
+                KEY,
+                format!("{KEY}: `{written}` is not a valid glob pattern: {}", e.msg),
             )
         })?
-        .next()
-        .is_some();
+        .filter_map(Result::ok)
+        .take(MAX_GLOB_CHECKED)
+        .peekable();
+    let matched = matches.peek().is_some();
+    // The folder the pattern starts from, and every file it matches now.
+    let literal: PathBuf = Path::new(&pattern)
+        .components()
+        .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+        .collect();
+    check_in_roots(KEY, &literal, roots)?;
+    for path in matches {
+        check_in_roots(KEY, &path, roots)?;
+    }
     if !matched {
         return Err(Invalid::new(
             "data.dataset",
@@ -201,6 +354,17 @@ mod tests {
         Base::of(Some(&dir.display().to_string()), Path::new("/nowhere")).unwrap()
     }
 
+    /// Paths may lie anywhere in `dir`; the token cache is `cache`.
+    fn resolve(cfg: &mut Config, dir: &Path, cache: &str) -> Result<Vec<RunPath>, Invalid> {
+        let roots = DataRoots::from_canonical(vec![std::fs::canonicalize(dir).unwrap()]);
+        let allowed = Allowed {
+            roots: &roots,
+            runs_dir: Path::new("/nowhere/runs"),
+            token_cache: Path::new(cache),
+        };
+        resolve_paths(cfg, &base(dir), &allowed)
+    }
+
     #[test]
     fn a_hugging_face_directory_keeps_its_prefix_and_resolves_like_other_paths() {
         let dir = tempfile::tempdir().unwrap();
@@ -211,14 +375,14 @@ mod tests {
         let mut cfg = Config::default();
         cfg.training.init_from = Some("hf: gpt2".into());
         cfg.training.dpo.reference = "hf:gpt2".into();
-        resolve_paths(&mut cfg, &base(dir.path()), Path::new("/c")).unwrap();
+        resolve(&mut cfg, dir.path(), "/c").unwrap();
         let want = format!("hf:{root}/gpt2");
         assert_eq!(cfg.training.init_from.as_deref(), Some(want.as_str()));
         assert_eq!(cfg.training.dpo.reference, want);
         // An absolute path stays as written.
         cfg.training.init_from = Some(want.clone());
         cfg.training.dpo.reference = "init".into();
-        resolve_paths(&mut cfg, &base(dir.path()), Path::new("/c")).unwrap();
+        resolve(&mut cfg, dir.path(), "/c").unwrap();
         assert_eq!(cfg.training.init_from.as_deref(), Some(want.as_str()));
         assert_eq!(cfg.training.dpo.reference, "init");
 
@@ -239,7 +403,7 @@ mod tests {
                 } else {
                     cfg.training.dpo.reference = written.to_string();
                 }
-                let e = resolve_paths(&mut cfg, &base(dir.path()), Path::new("/c")).unwrap_err();
+                let e = resolve(&mut cfg, dir.path(), "/c").unwrap_err();
                 assert_eq!(e.field, key, "{written}");
                 assert!(
                     e.message.contains(needle.as_str()),
@@ -259,7 +423,7 @@ mod tests {
         let mut cfg = Config::default();
         cfg.data.dataset = "corpus/*.txt".into();
         cfg.data.tokenizer = "tok.json".into();
-        resolve_paths(&mut cfg, &base(dir.path()), Path::new("/srv/cache/tokens")).unwrap();
+        resolve(&mut cfg, dir.path(), "/srv/cache/tokens").unwrap();
         let root = dir.path().display();
         assert_eq!(cfg.data.dataset, format!("{root}/corpus/*.txt"));
         assert_eq!(cfg.data.tokenizer, format!("{root}/tok.json"));
@@ -267,9 +431,9 @@ mod tests {
 
         cfg.data.dataset = "corpus".into();
         cfg.data.cache_dir = "my-cache".into();
-        resolve_paths(&mut cfg, &base(dir.path()), Path::new("/srv/cache/tokens")).unwrap();
+        resolve(&mut cfg, dir.path(), "/srv/cache/tokens").unwrap();
         assert_eq!(cfg.data.dataset, format!("{root}/corpus"));
-        assert_eq!(cfg.data.cache_dir, format!("{root}/my-cache"));
+        assert_eq!(cfg.data.cache_dir, "my-cache", "a folder of the run");
     }
 
     #[test]
@@ -305,7 +469,7 @@ mod tests {
                 "data.tokenizer" => cfg.data.tokenizer = value.to_string(),
                 _ => cfg.training.init_from = Some(value.to_string()),
             }
-            let e = resolve_paths(&mut cfg, &base(dir.path()), Path::new("/c")).unwrap_err();
+            let e = resolve(&mut cfg, dir.path(), "/c").unwrap_err();
             assert_eq!(e.field, *key, "{value}");
             assert!(e.message.contains(reason), "{value}: {}", e.message);
             let resolved = format!("{}/{tail}", dir.path().display());
@@ -320,5 +484,139 @@ mod tests {
         let b = Base::of(None, Path::new("/srv")).unwrap();
         assert_eq!(b.resolve("x.txt"), PathBuf::from("/srv/x.txt"));
         assert!(b.how("x.txt").contains("server's working directory /srv"));
+    }
+
+    #[test]
+    fn a_path_outside_the_roots_is_refused_naming_the_key_the_resolved_path_and_the_roots() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.txt"), "private").unwrap();
+        std::fs::create_dir_all(outside.path().join("ckpt")).unwrap();
+        // A symlink inside the root that leads out of it.
+        std::os::unix::fs::symlink(outside.path(), root.path().join("link")).unwrap();
+        std::fs::create_dir_all(root.path().join("corpus")).unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join("secret.txt"),
+            root.path().join("corpus/planted.txt"),
+        )
+        .unwrap();
+        let secret = outside.path().join("secret.txt").display().to_string();
+        let cases: Vec<(&str, String, String)> = vec![
+            ("data.dataset", secret.clone(), secret.clone()),
+            (
+                "data.dataset",
+                "link/secret.txt".into(),
+                format!("resolves to {secret}"),
+            ),
+            (
+                "data.dataset",
+                "corpus/*.txt".into(),
+                format!("resolves to {secret}"),
+            ),
+            (
+                "data.dataset",
+                "/proc/self/environ".into(),
+                "/proc/self/environ".into(),
+            ),
+            ("data.tokenizer", secret.clone(), secret.clone()),
+            (
+                "training.init_from",
+                outside.path().join("ckpt").display().to_string(),
+                "ckpt".into(),
+            ),
+        ];
+        let roots_shown = std::fs::canonicalize(root.path())
+            .unwrap()
+            .display()
+            .to_string();
+        for (key, value, needle) in cases {
+            let mut cfg = Config::default();
+            match key {
+                "data.dataset" => cfg.data.dataset = value.clone(),
+                "data.tokenizer" => cfg.data.tokenizer = value.clone(),
+                _ => cfg.training.init_from = Some(value.clone()),
+            }
+            let e = resolve(&mut cfg, root.path(), "/c").unwrap_err();
+            assert_eq!(e.field, key, "{value}");
+            assert!(
+                e.message.contains("outside the data roots"),
+                "{value}: {}",
+                e.message
+            );
+            assert!(e.message.contains(&needle), "{value}: {}", e.message);
+            assert!(e.message.contains(&roots_shown), "{value}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn the_cache_may_be_the_servers_token_cache_or_a_folder_of_the_run_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache/tokens");
+        std::fs::create_dir_all(&cache).unwrap();
+        let cache_text = cache.display().to_string();
+        let accepted = [
+            (".trainyard-cache", cache_text.clone()),
+            ("my-cache", "my-cache".to_string()),
+            ("a/b", "a/b".to_string()),
+            (cache_text.as_str(), cache_text.clone()),
+        ];
+        for (written, want) in accepted {
+            let mut cfg = Config::default();
+            cfg.data.cache_dir = written.to_string();
+            resolve(&mut cfg, dir.path(), &cache_text).unwrap();
+            assert_eq!(cfg.data.cache_dir, want, "{written}");
+        }
+        let other_run = dir
+            .path()
+            .join("runs/ab12/artifacts/leak")
+            .display()
+            .to_string();
+        for written in [
+            "../x",
+            "/tmp/elsewhere",
+            other_run.as_str(),
+            "a/../../b",
+            "",
+        ] {
+            let mut cfg = Config::default();
+            cfg.data.cache_dir = written.to_string();
+            let e = resolve(&mut cfg, dir.path(), &cache_text).unwrap_err();
+            assert_eq!(e.field, "data.cache_dir", "{written}");
+            assert!(
+                e.message.contains("token cache"),
+                "{written}: {}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_of_a_run_on_this_server_is_returned_for_the_callers_access_check() {
+        let data = tempfile::tempdir().unwrap();
+        let runs = std::fs::canonicalize(data.path()).unwrap().join("runs");
+        let best = runs.join("ab12/checkpoints/best");
+        std::fs::create_dir_all(&best).unwrap();
+        std::fs::create_dir_all(runs.join("ab12/artifacts/model")).unwrap();
+        let roots = DataRoots::from_canonical(vec![data.path().join("datasets")]);
+        let allowed = Allowed {
+            roots: &roots,
+            runs_dir: &runs,
+            token_cache: Path::new("/c"),
+        };
+        let mut cfg = Config::default();
+        cfg.training.init_from = Some(best.display().to_string());
+        let found = resolve_paths(&mut cfg, &base(data.path()), &allowed).unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].run_id, "ab12");
+        assert_eq!(found[0].path, best);
+        assert_eq!(found[0].refusal.field, "training.init_from");
+        // Another folder of a run is not a checkpoint.
+        cfg.training.init_from = Some(runs.join("ab12/artifacts/model").display().to_string());
+        let e = resolve_paths(&mut cfg, &base(data.path()), &allowed).unwrap_err();
+        assert!(
+            e.message.contains("outside the data roots"),
+            "{}",
+            e.message
+        );
     }
 }

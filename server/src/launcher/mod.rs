@@ -6,12 +6,14 @@
 //! time), `config.json`, `output.log`, the wrapper's `exit_code`, and the trainer's checkpoints.
 
 pub mod adopt;
+pub mod confine;
 pub mod env;
 pub mod gpus;
 pub mod hooks;
 pub mod logs;
 pub mod process;
 pub mod queue;
+pub mod roots;
 pub mod slurm;
 pub mod supervise;
 pub mod sysmetrics;
@@ -49,6 +51,14 @@ pub struct LauncherSettings {
     pub executor: slurm::Executor,
     /// The Slurm executor's defaults and polling.
     pub slurm: slurm::SlurmSettings,
+    /// `serve --data-root`: the folders runs may read (empty: `<data dir>/datasets`).
+    pub data_roots: Vec<PathBuf>,
+    /// `serve --unconfined-runs`: launch runs without confinement.
+    pub unconfined_runs: bool,
+    /// The data roots as checked at start-up (`Application::build` fills it in).
+    pub roots: roots::DataRoots,
+    /// Whether launched runs are confined (`Application::build` decides).
+    pub confinement: confine::Confinement,
 }
 
 impl LauncherSettings {
@@ -63,6 +73,10 @@ impl LauncherSettings {
             poll_interval: Duration::from_millis(250),
             executor: slurm::Executor::Local,
             slurm: slurm::SlurmSettings::default(),
+            data_roots: Vec::new(),
+            unconfined_runs: false,
+            roots: roots::DataRoots::default(),
+            confinement: confine::Confinement::Off,
         }
     }
 }
@@ -93,6 +107,9 @@ pub struct LaunchSpec {
     /// Variables set for the process beside Trainyard's own (a sweep trial's
     /// `TRAINYARD_PARAMS`).
     pub env: std::collections::BTreeMap<String, String>,
+    /// Folders outside the data roots the run may read: the checkpoints of other runs its
+    /// config starts from, admitted because its launcher may read them.
+    pub read: Vec<PathBuf>,
     /// `resources.executor`; None: the server's (`serve --executor`).
     pub executor: Option<slurm::Executor>,
     /// `resources.slurm`, over the server's defaults for a Slurm run.
@@ -170,6 +187,36 @@ impl Inner {
         run_dir(&self.settings.data_dir, run_id)
     }
 
+    /// The server's token cache, shared by launched runs.
+    pub fn token_cache(&self) -> PathBuf {
+        token_cache(&self.settings.data_dir)
+    }
+
+    /// What a run may touch when runs are confined (`confine`); None when they are not.
+    /// `read` holds the folders outside the roots it was admitted to read; `server_url` is the
+    /// server it reports to.
+    pub fn confine_policy(
+        &self,
+        run_dir: &Path,
+        read: &[PathBuf],
+        server_url: &str,
+    ) -> Option<confine::Policy> {
+        if !self.settings.confinement.is_on() {
+            return None;
+        }
+        let server_port = reqwest::Url::parse(server_url)
+            .ok()
+            .and_then(|u| u.port_or_known_default());
+        Some(confine::Policy::for_run(&confine::RunPaths {
+            run_dir,
+            token_cache: &self.token_cache(),
+            trainer_bin: &self.trainer_bin(),
+            data_roots: self.settings.roots.paths(),
+            extra_read: read,
+            server_port,
+        }))
+    }
+
     pub fn trainer_bin(&self) -> PathBuf {
         self.settings
             .trainer_bin
@@ -177,6 +224,11 @@ impl Inner {
             .or_else(|| std::env::current_exe().ok())
             .unwrap_or_else(|| PathBuf::from("trainyard"))
     }
+}
+
+/// `<data dir>/cache/tokens`: the token cache launched runs share.
+pub fn token_cache(data_dir: &Path) -> PathBuf {
+    data_dir.join("cache").join("tokens")
 }
 
 /// `<data dir>/runs/<id>`; ids are validated hex, so they are safe path components.
@@ -265,6 +317,16 @@ impl Launcher {
 
     pub fn data_dir(&self) -> &Path {
         &self.inner.settings.data_dir
+    }
+
+    /// The folders launched runs may read.
+    pub fn roots(&self) -> &roots::DataRoots {
+        &self.inner.settings.roots
+    }
+
+    /// Whether launched runs are confined.
+    pub fn confinement(&self) -> confine::Confinement {
+        self.inner.settings.confinement
     }
 
     /// A run's working directory (logs, checkpoints, launch record).
@@ -401,6 +463,7 @@ impl Launcher {
             resume_from: None,
             attempts_before_resume: 0,
             env: spec.env,
+            read: spec.read,
             executor,
             slurm: slurm_record,
         };

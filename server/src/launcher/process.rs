@@ -46,6 +46,9 @@ pub struct LaunchRecord {
     /// Extra variables for the process (a sweep trial's parameters).
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// Folders outside the data roots the run may read (`LaunchSpec::read`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<PathBuf>,
     /// Where the run executes (a record written before Slurm existed is local).
     #[serde(default)]
     pub executor: super::slurm::Executor,
@@ -222,6 +225,8 @@ pub struct SpawnSpec<'a> {
     pub cpu_slots: usize,
     /// Extra variables (`LaunchRecord::env`).
     pub env: &'a std::collections::BTreeMap<String, String>,
+    /// What the process may touch; None: it runs unconfined.
+    pub confine: Option<&'a super::confine::Policy>,
 }
 
 /// The trainer's argv for a run (resuming from its latest checkpoint after the first attempt).
@@ -289,6 +294,13 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<(tokio::process::Child, Pr
     if spec.assignment.is_cpu() {
         let threads = super::env::cpu_threads_per_slot(super::env::cores(), spec.cpu_slots);
         cmd.env(super::env::CPU_THREADS_VAR, threads.to_string());
+    }
+    if let Some(policy) = spec.confine {
+        // A confined run writes only its own directory: its temporary files go there too.
+        let tmp = spec.run_dir.join(super::confine::TMP_DIR);
+        std::fs::create_dir_all(&tmp)?;
+        cmd.env("TMPDIR", tmp);
+        super::confine::apply_before_exec(&mut cmd, policy)?;
     }
     let child = cmd.spawn()?;
     let pid = child
@@ -367,6 +379,7 @@ mod tests {
             resume_from: Some(dir.path().join("checkpoints/step-000010")),
             attempts_before_resume: 1,
             env: [("TRAINYARD_PARAMS".to_string(), "{}".to_string())].into(),
+            read: vec![dir.path().join("other/checkpoints/best")],
             executor: crate::launcher::slurm::Executor::Slurm,
             slurm: Some(crate::launcher::slurm::SlurmRecord {
                 jobs: vec!["41".into(), "42".into()],

@@ -301,6 +301,7 @@ async fn start_attempt(
     } else {
         None
     };
+    let policy = inner.confine_policy(&dir, &record.read, &server_url);
     let spec = SpawnSpec {
         run_id,
         run_dir: &dir,
@@ -311,6 +312,7 @@ async fn start_attempt(
         attempt: record.attempts,
         cpu_slots: inner.settings.cpu_slots,
         env: &record.env,
+        confine: policy.as_ref(),
     };
     let (child, proc_rec) = process::spawn(&spec)?;
     // Visible to `stop` before anyone can see the run as `running`.

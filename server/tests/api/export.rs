@@ -296,7 +296,7 @@ async fn wait_until_finished(app: &TestApp, id: &str) -> Value {
 async fn a_launched_run_offers_its_hugging_face_download_once_finished_and_a_launch_starts_from_it()
 {
     let app = spawn_app_with(with_the_trainer).await;
-    let here = tempfile::tempdir().expect("working dir");
+    let here = app.project_dir();
     let first = launch(&app, &tiny_launch(here.path(), json!({}))).await;
     let id = first["id"].as_str().expect("id").to_string();
     let first = wait_until_finished(&app, &id).await;

@@ -73,6 +73,20 @@ impl TestApp {
         }
     }
 
+    /// A fresh folder inside the server's data root, where launched runs may read: a user's
+    /// project with its data.
+    pub fn project_dir(&self) -> tempfile::TempDir {
+        let root = self
+            .state
+            .launcher
+            .roots()
+            .paths()
+            .first()
+            .expect("the server has a data root")
+            .clone();
+        tempfile::tempdir_in(root).expect("a folder in the data root")
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.address, path)
     }
@@ -181,13 +195,7 @@ impl TestApp {
         }
         let response = request.send().await.expect("SSE request");
         assert_eq!(response.status(), StatusCode::OK, "opening {path}");
-        SseClient {
-            stream: response
-                .bytes_stream()
-                .map(|r| r.map(|b| b.to_vec()))
-                .boxed(),
-            buffer: String::new(),
-        }
+        SseClient::from_response(response)
     }
 }
 
@@ -221,9 +229,11 @@ pub struct SseEvent {
 
 type ByteStream = futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>;
 
+/// Reads a `text/event-stream` as bytes and decodes each whole frame, so a character split
+/// across two reads arrives intact.
 pub struct SseClient {
     stream: ByteStream,
-    buffer: String,
+    buffer: Vec<u8>,
 }
 
 impl SseClient {
@@ -234,27 +244,45 @@ impl SseClient {
                 .bytes_stream()
                 .map(|r| r.map(|b| b.to_vec()))
                 .boxed(),
-            buffer: String::new(),
+            buffer: Vec::new(),
         }
     }
 
     /// The next named event (keep-alive comments are skipped); panics after 10 s of silence.
     pub async fn next_event(&mut self) -> SseEvent {
+        self.next_event_or_end().await.expect("the stream is open")
+    }
+
+    /// The next named event, or `None` once the server ended the stream; panics after 10 s of
+    /// silence.
+    pub async fn next_event_or_end(&mut self) -> Option<SseEvent> {
         loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let frame: String = self.buffer.drain(..end + 2).collect();
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let frame: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let frame = String::from_utf8(frame).expect("an SSE frame is UTF-8");
                 if let Some(event) = parse_frame(&frame) {
-                    return event;
+                    return Some(event);
                 }
                 continue;
             }
             let chunk = tokio::time::timeout(Duration::from_secs(10), self.stream.next())
                 .await
-                .expect("an SSE event within 10 s")
-                .expect("the stream is open")
-                .expect("reading the stream");
-            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+                .expect("an SSE event within 10 s");
+            match chunk {
+                Some(chunk) => self.buffer.extend(chunk.expect("reading the stream")),
+                None => return None,
+            }
         }
+    }
+
+    /// Reads until the server ends the stream; returns the events sent before the end. Panics
+    /// if the stream stays silent for 10 s without ending.
+    pub async fn until_end(&mut self) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next_event_or_end().await {
+            events.push(event);
+        }
+        events
     }
 
     /// Collects `points` events until `count` points arrived; returns (steps, last event id).

@@ -80,7 +80,7 @@ async fn wait_until_ended(app: &TestApp, id: &str) -> Value {
 async fn relative_data_paths_resolve_against_working_dir_and_launched_runs_share_one_token_cache(
     app: &TestApp,
 ) {
-    let here = tempfile::tempdir().expect("working dir");
+    let here = app.project_dir();
     corpus(here.path());
     let expected = here.path().join("corpus").display().to_string();
     let cache = app.state.launcher.data_dir().join("cache").join("tokens");
@@ -141,7 +141,7 @@ async fn run_count(app: &TestApp) -> usize {
 async fn a_launch_whose_data_is_missing_is_refused_naming_the_key_and_creates_no_run(
     app: &TestApp,
 ) {
-    let here = tempfile::tempdir().expect("working dir");
+    let here = app.project_dir();
     let root = here.path().display().to_string();
     let server_dir = std::env::current_dir().expect("cwd").display().to_string();
     let mut tokenizer = tiny_launch("demo", Some(here.path()));

@@ -39,6 +39,10 @@ pub async fn spawn_app_with(
     settings.launcher.sys_metrics_interval = Duration::from_millis(500);
     // These tests launch shell commands, which a server refuses unless told otherwise.
     settings.allow_command_launch = true;
+    // Their commands share scratch folders with the test (marks, scripts), which a confined
+    // run may not write or read: queueing and supervision are tested unconfined, confinement
+    // in `confine.rs`, and the trainer tests run confined (`spawn_confined_app`).
+    settings.launcher.unconfined_runs = true;
     tweak(&mut settings);
     let spawned = kit::spawn(settings).await;
     TestApp {
@@ -47,6 +51,11 @@ pub async fn spawn_app_with(
         state: spawned.state,
         data_dir,
     }
+}
+
+/// Like `spawn_app`, with launched runs confined as a server confines them by default.
+pub async fn spawn_confined_app(gpus: &[u32], cpu_slots: usize) -> TestApp {
+    spawn_app_with(gpus, cpu_slots, |s| s.launcher.unconfined_runs = false).await
 }
 
 pub use kit::client;

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
 
+mod confine;
 mod env;
 mod helpers;
 #[allow(dead_code)]

@@ -35,6 +35,8 @@ async fn slurm_app() -> TestApp {
     spawn_app_with(&[], 1, |s| {
         s.launcher.executor = trainyard::launcher::slurm::Executor::Slurm;
         s.launcher.slurm.poll_interval = Duration::from_millis(300);
+        // Jobs start their command through `trainyard confine`, as a server's do by default.
+        s.launcher.unconfined_runs = false;
     })
     .await
 }
@@ -377,6 +379,36 @@ async fn slurm_requests_that_cannot_work_are_refused_naming_the_field() {
             "output",
         ),
         (
+            json!({"executor": "slurm", "slurm": {"extra": ["-o/some/file"]}}),
+            "resources.slurm.extra[0]",
+            "-o",
+        ),
+        (
+            json!({"executor": "slurm", "slurm": {"extra": ["--constraint=x", "--open-mode=truncate"]}}),
+            "resources.slurm.extra[1]",
+            "--open-mode",
+        ),
+        (
+            json!({"executor": "slurm", "slurm": {"extra": ["--export-file=/tmp/env"]}}),
+            "resources.slurm.extra[0]",
+            "--export-file",
+        ),
+        (
+            json!({"executor": "slurm", "slurm": {"extra": ["--get-user-env"]}}),
+            "resources.slurm.extra[0]",
+            "--get-user-env",
+        ),
+        (
+            json!({"executor": "slurm", "slurm": {"extra": ["-D/tmp"]}}),
+            "resources.slurm.extra[0]",
+            "-D",
+        ),
+        (
+            json!({"executor": "slurm", "slurm": {"extra": ["--input=/etc/passwd"]}}),
+            "resources.slurm.extra[0]",
+            "--input",
+        ),
+        (
             json!({"executor": "slurm", "slurm": {"gpu": 1}}),
             "resources",
             "unknown field",
@@ -425,7 +457,8 @@ async fn slurm_requests_that_cannot_work_are_refused_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_trials_of_a_sweep_on_a_slurm_server_run_as_slurm_jobs() {
     let app = slurm_app().await;
-    let dir = tempfile::tempdir().unwrap();
+    // A confined trial reads its script from the data root.
+    let dir = tempfile::tempdir_in(&app.state.launcher.roots().paths()[0]).unwrap();
     let body = r#"for step in 0 1 2; do
   curl -sf -X POST "$TRAINYARD_SERVER_URL/api/v1/runs/$TRAINYARD_RUN_ID/metrics" \
     -H 'content-type: application/json' \

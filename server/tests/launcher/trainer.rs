@@ -71,7 +71,7 @@ async fn trainer_pid(data: &std::path::Path, id: &str) -> i32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trainer_killed_with_sigkill_is_relaunched_with_resume_and_its_metrics_are_continuous() {
-    let app = spawn_app(&[], 1).await;
+    let app = spawn_confined_app(&[], 1).await;
     let id = launch(&app.client, &app.address, tiny(300, 10, 1)).await;
     wait_for(
         &app.client,
@@ -111,7 +111,7 @@ async fn a_trainer_killed_with_sigkill_is_relaunched_with_resume_and_its_metrics
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_a_training_run_leaves_a_checkpoint_that_a_resumed_trainer_continues_from() {
-    let app = spawn_app(&[], 1).await;
+    let app = spawn_confined_app(&[], 1).await;
     let id = launch(&app.client, &app.address, tiny(100_000, 0, 0)).await;
     wait_for(
         &app.client,
@@ -192,14 +192,21 @@ async fn a_training_run_survives_a_server_sigkill_and_no_metric_step_is_missing(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run_on_sqlite() {
-    a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run(&spawn_app(&[], 1).await).await;
+    a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run(
+        &spawn_confined_app(&[], 1).await,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run_on_postgres() {
     let db = crate::kit::ScratchDb::create("trainyard_resume").await;
     let url = db.url.clone();
-    let app = spawn_app_with(&[], 1, |s| s.database_url = Some(url)).await;
+    let app = spawn_app_with(&[], 1, |s| {
+        s.database_url = Some(url);
+        s.launcher.unconfined_runs = false;
+    })
+    .await;
     a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run(&app).await;
     drop(db);
 }

@@ -16,6 +16,9 @@ pub struct Health {
     /// `sqlite` or `postgres`.
     pub backend: &'static str,
     pub version: &'static str,
+    /// Whether the runs this server launches are confined (Landlock); false when its kernel
+    /// has no Landlock or its operator started it with `--unconfined-runs`.
+    pub runs_confined: bool,
 }
 
 pub fn router() -> Router<AppState> {
@@ -48,5 +51,6 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiE
         status: "ok",
         backend: state.store.backend(),
         version: env!("CARGO_PKG_VERSION"),
+        runs_confined: state.launcher.confinement().is_on(),
     }))
 }

@@ -55,6 +55,9 @@ pub struct SlurmSettings {
     /// (`--allow-slurm`); a server started with `--executor slurm` always may. Off otherwise,
     /// so a server nobody pointed at a cluster never submits jobs to one.
     pub allowed: bool,
+    /// `extra` options a request from a user who is not an administrator may set
+    /// (`--slurm-allow-option`, long names without dashes); none by default.
+    pub allowed_options: Vec<String>,
 }
 
 impl Default for SlurmSettings {
@@ -64,6 +67,7 @@ impl Default for SlurmSettings {
             server_url: None,
             poll_interval: Duration::from_secs(1),
             allowed: false,
+            allowed_options: Vec::new(),
         }
     }
 }
@@ -311,6 +315,19 @@ async fn submit(
             resume.as_deref(),
         ),
     };
+    // Confined on the node through `trainyard confine`, where the node's kernel has Landlock
+    // (a node without it runs the job unconfined and says so in the run's log).
+    let confined = inner.confine_policy(dir, &record.read, &server_url);
+    let argv = match &confined {
+        Some(policy) => {
+            let mut wrapped = vec![inner.trainer_bin().display().to_string(), "confine".into()];
+            wrapped.extend(policy.to_args());
+            wrapped.extend(["--best-effort".to_string(), "--".to_string()]);
+            wrapped.extend(argv);
+            wrapped
+        }
+        None => argv,
+    };
     let attempt = record.attempts + 1;
     let options = record.slurm.clone().unwrap_or_default().options;
     let text = script::render(&script::ScriptSpec {
@@ -320,6 +337,7 @@ async fn submit(
         options: &options,
         gpus: record.gpus_requested,
         argv: &argv,
+        confined: confined.is_some(),
     });
     let path = dir.join(script::SCRIPT_FILE);
     std::fs::write(&path, text)?;

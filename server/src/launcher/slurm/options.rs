@@ -211,41 +211,127 @@ fn check_mem(field: &str, value: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// One more `#SBATCH` option: it must be an option (`-x`/`--xyz...`) on one line, and not one
-/// the executor sets itself (the output file and working directory are the run's).
+/// sbatch options no `extra` line may set, whoever asks: where the job's output, error and
+/// input go, its working directory, and the environment it starts with (an exported file can
+/// set `LD_PRELOAD`; the user's login environment is not the run's). The executor sets the
+/// output and working directory itself, and a few more options it relies on.
+const REFUSED: &[&str] = &[
+    "output",
+    "error",
+    "input",
+    "chdir",
+    "open-mode",
+    "export",
+    "export-file",
+    "get-user-env",
+    "parsable",
+    "wrap",
+    "container",
+    "container-id",
+    "bbf",
+    "uid",
+    "gid",
+];
+
+/// Short forms of refused options (`-o FILE`, `-e FILE`, `-i FILE`, `-D DIR`).
+const REFUSED_SHORT: &[char] = &['o', 'e', 'i', 'D'];
+
+/// An `extra` option's name: `constraint` for `--constraint=a100`, `C` for `-Ca100`.
+#[derive(Debug, PartialEq)]
+enum OptionName<'a> {
+    Long(&'a str),
+    Short(&'a str),
+}
+
+fn option_name(line: &str) -> Option<OptionName<'_>> {
+    if let Some(long) = line.strip_prefix("--") {
+        let name = long.split('=').next().unwrap_or(long);
+        return (!name.is_empty()).then_some(OptionName::Long(name));
+    }
+    let short = line.strip_prefix('-')?;
+    (!short.is_empty()).then_some(OptionName::Short(short))
+}
+
+/// One more `#SBATCH` option: one word (sbatch splits an `#SBATCH` line into words, so a space
+/// would smuggle in a second option), an option (`--name[=value]` or `-X...`), and none that
+/// sets output, error, input, working directory or environment, also not abbreviated (sbatch
+/// takes any unambiguous prefix of a long name) nor as a short option inside a group (`-Ho/x`
+/// is `-H -o /x`).
 fn check_extra(field: &str, line: &str) -> Result<(), Invalid> {
     if let Some(e) = too_long(field, line) {
         return Err(e);
     }
-    if !line.starts_with('-') || line.chars().any(|c| c.is_control()) {
-        return Err(Invalid::new(
-            field,
-            format!("{field} must be one sbatch option on one line, such as `--constraint=a100`"),
-        ));
-    }
-    const OWN: &[&str] = &[
-        "--output",
-        "--error",
-        "-o",
-        "-e",
-        "--chdir",
-        "-D",
-        "--open-mode",
-        "--parsable",
-        "--wrap",
-        "--export",
-    ];
-    let name = line.split(['=', ' ']).next().unwrap_or(line);
-    if OWN.contains(&name) {
+    let one_word = !line
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '"' | '\'' | '\\'));
+    let name = option_name(line).filter(|_| one_word);
+    let refused = match name {
+        None => {
+            return Err(Invalid::new(
+                field,
+                format!(
+                    "{field} must be one sbatch option, as one word, such as `--constraint=a100`"
+                ),
+            ))
+        }
+        Some(OptionName::Long(name)) => REFUSED
+            .iter()
+            .find(|r| r.starts_with(name))
+            .map(|r| format!("--{r}")),
+        Some(OptionName::Short(cluster)) => cluster
+            .chars()
+            .find(|c| REFUSED_SHORT.contains(c))
+            .map(|c| format!("-{c}")),
+    };
+    if let Some(option) = refused {
         return Err(Invalid::new(
             field,
             format!(
-                "{field}: Trainyard sets `{name}` itself (the job's output goes to the run's \
-                 output.log in its run directory)"
+                "{field}: `{line}` sets {option}, which no run may set: Trainyard sets the job's \
+                 output file and working directory itself (the run's output.log and run \
+                 directory), and a job's input and environment are not a request's to choose; \
+                 write short options in their long form"
             ),
         ));
     }
     Ok(())
+}
+
+impl SlurmOptions {
+    /// A request's `extra` options from someone who is not an administrator: each must be one
+    /// the operator allows (`serve --slurm-allow-option NAME`), by its full long name.
+    pub fn check_allowed(&self, prefix: &str, allowed: &[String]) -> Result<(), Invalid> {
+        for (i, line) in self.extra.iter().enumerate() {
+            let field = format!("{prefix}.extra[{i}]");
+            let permitted = match option_name(line) {
+                Some(OptionName::Long(name)) => {
+                    allowed.iter().any(|a| a.trim_start_matches('-') == name)
+                }
+                Some(OptionName::Short(_)) | None => false,
+            };
+            if !permitted {
+                let list = if allowed.is_empty() {
+                    "none".to_string()
+                } else {
+                    allowed
+                        .iter()
+                        .map(|a| format!("--{}", a.trim_start_matches('-')))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                return Err(Invalid::new(
+                    field.clone(),
+                    format!(
+                        "{field}: `{line}` is not an option this server lets users set (allowed: \
+                         {list}); an operator allows one with `trainyard serve \
+                         --slurm-allow-option NAME`, and administrators may set any option \
+                         but those that set output, input, working directory or environment"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -362,5 +448,68 @@ mod tests {
         assert_eq!(merged.partition.as_deref(), Some("debug"));
         assert_eq!(merged.account.as_deref(), Some("lab"));
         assert_eq!(merged.extra, vec!["--constraint=a100", "--exclusive"]);
+    }
+
+    #[test]
+    fn options_that_set_output_input_directory_or_environment_are_refused_in_every_spelling() {
+        let spellings = [
+            "-o/some/file",
+            "-o",
+            "--output=/x",
+            "--output",
+            "--out=/x",
+            "--error=/x",
+            "-e/x",
+            "-Ho/x",
+            "--input=/x",
+            "-i/x",
+            "-D/tmp",
+            "--chdir=/tmp",
+            "--open-mode=truncate",
+            "--export=ALL,LD_PRELOAD=/x.so",
+            "--export-file=/x",
+            "--get-user-env",
+            "--get-user",
+            "--constraint=a100 --output=/x",
+            "--comment=\"a b\"",
+        ];
+        for line in spellings {
+            let o = SlurmOptions {
+                extra: vec![line.to_string()],
+                ..SlurmOptions::default()
+            };
+            assert_eq!(refused(o), "resources.slurm.extra[0]", "{line}");
+        }
+        for line in ["--constraint=a100", "--exclusive", "--nice=10", "-Ca100"] {
+            check_extra("x", line).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_user_may_set_only_the_extra_options_the_operator_allows() {
+        let o = SlurmOptions {
+            extra: vec!["--constraint=a100".into(), "--exclusive".into()],
+            ..SlurmOptions::default()
+        };
+        let e = o.check_allowed("resources.slurm", &[]).unwrap_err();
+        assert_eq!(e.field, "resources.slurm.extra[0]");
+        assert!(e.message.contains("allowed: none"), "{}", e.message);
+        let e = o
+            .check_allowed("resources.slurm", &["constraint".into()])
+            .unwrap_err();
+        assert_eq!(e.field, "resources.slurm.extra[1]");
+        o.check_allowed(
+            "resources.slurm",
+            &["--constraint".into(), "exclusive".into()],
+        )
+        .unwrap();
+        // An abbreviation or a short form is not the allowed name.
+        let short = SlurmOptions {
+            extra: vec!["--constr=a100".into(), "-Ca100".into()],
+            ..SlurmOptions::default()
+        };
+        assert!(short
+            .check_allowed("resources.slurm", &["constraint".into()])
+            .is_err());
     }
 }

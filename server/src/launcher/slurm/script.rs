@@ -20,6 +20,8 @@ pub struct ScriptSpec<'a> {
     /// GPUs per job when the options leave them unset (`resources.gpus`).
     pub gpus: usize,
     pub argv: &'a [String],
+    /// The command is confined: its temporary files go to a folder of the run directory.
+    pub confined: bool,
 }
 
 /// Single quotes for the shell (a `'` becomes `'\''`).
@@ -64,12 +66,20 @@ pub fn render(spec: &ScriptSpec<'_>) -> String {
     }
     let argv: Vec<String> = spec.argv.iter().map(|a| quote(a)).collect();
     let qdir = quote(&dir);
+    let tmp = if spec.confined {
+        format!(
+            "# A confined run writes only its run directory.\nmkdir -p {tmp} && export TMPDIR=\"$PWD/{tmp}\"\n",
+            tmp = crate::launcher::confine::TMP_DIR
+        )
+    } else {
+        String::new()
+    };
     lines.push(format!(
         r#"# Written by Trainyard for run {run}, attempt {attempt}.
 # A run directory the node cannot see means the data directory is not on a shared filesystem.
 cd {qdir} || {{ echo "trainyard: run directory {dir} is not visible on $(hostname)" >&2; exit {NO_RUN_DIR}; }}
 echo "=== trainyard: Slurm job $SLURM_JOB_ID on $(hostname) (attempt {attempt}) ==="
-# A CPU run's trainer uses the cores Slurm gave the job, not every core of the node.
+{tmp}# A CPU run's trainer uses the cores Slurm gave the job, not every core of the node.
 if [ -z "${{CUDA_VISIBLE_DEVICES:-}}" ]; then
   export TRAINYARD_CPU_THREADS="${{SLURM_CPUS_PER_TASK:-${{SLURM_CPUS_ON_NODE:-1}}}}"
 fi
@@ -112,6 +122,7 @@ mod tests {
             options: &options,
             gpus: 2,
             argv: &argv,
+            confined: false,
         });
         for line in [
             "#SBATCH --partition=gpu",
@@ -149,7 +160,9 @@ mod tests {
             options: &SlurmOptions::default(),
             gpus: 0,
             argv: &["true".to_string()],
+            confined: true,
         });
+        assert!(text.contains("export TMPDIR=\"$PWD/tmp\""), "{text}");
         assert!(!text.contains("--gres"), "{text}");
     }
 }
