@@ -97,7 +97,8 @@ ls '{other}' > /dev/null && echo "LISTED other run" || echo "DENIED other run"
 echo mine > own.txt && echo "WROTE own directory"
 echo tmp > "$TMPDIR/t" && echo "WROTE its TMPDIR"
 ls /usr/bin > /dev/null && echo "READ /usr"
-connect() {{ python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), timeout=5)"; }}
+# The system's Python: a shim under a home directory (pyenv) is out of a confined run's reach.
+connect() {{ /usr/bin/python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), timeout=5)"; }}
 connect {elsewhere_port} && echo "CONNECTED elsewhere" || echo "DENIED elsewhere"
 connect {server_port} && echo "CONNECTED server""#,
         db = database.display(),
