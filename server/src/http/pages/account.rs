@@ -1,12 +1,14 @@
 //! Signing in and out, and the account page (personal access tokens).
 
 use askama::Template;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect};
 use axum::Extension;
 use serde::Deserialize;
 
+use super::next::same_origin_path;
 use super::{html, PageError, PageResult};
 use crate::access::principal::accounts_on;
 use crate::access::Principal;
@@ -32,25 +34,17 @@ pub(super) struct NextParam {
     next: String,
 }
 
-/// Only a path on this server: `/runs/x`, never `//evil.example` or `https://...`.
-fn safe_next(next: &str) -> String {
-    let ok = next.starts_with('/') && !next.starts_with("//") && !next.contains('\\');
-    if ok {
-        next.to_owned()
-    } else {
-        "/".to_owned()
-    }
-}
-
 pub(super) async fn sign_in_form(
     State(state): State<AppState>,
-    Query(q): Query<NextParam>,
+    query: Result<Query<NextParam>, QueryRejection>,
 ) -> PageResult {
+    // A query that does not parse (`next` twice) is no page to go back to either.
+    let next = query.map(|Query(q)| q.next).unwrap_or_default();
     html(SignInPage {
         nav: "",
         accounts: accounts_on(&state),
         name: String::new(),
-        next: safe_next(&q.next),
+        next: same_origin_path(&next),
         error: None,
     })
 }
@@ -68,7 +62,7 @@ pub(super) async fn sign_in(
     Client(client): Client,
     Form(f): Form<SignInForm>,
 ) -> PageResult {
-    let next = safe_next(&f.next);
+    let next = same_origin_path(&f.next);
     match account::start_session(&state, client.as_deref(), &f.name, &f.password).await {
         Ok((_, secret, _)) => {
             let mut response = Redirect::to(&next).into_response();

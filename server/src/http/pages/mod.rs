@@ -12,6 +12,7 @@ pub mod columns;
 pub mod compare;
 pub mod guard;
 pub mod launch;
+pub mod next;
 pub mod run;
 pub mod runs;
 mod sweep_around;

@@ -4,6 +4,7 @@
 mod cli;
 mod matrix;
 mod sessions;
+mod sign_in_next;
 mod tokens;
 mod upgrade;
 mod visibility;
