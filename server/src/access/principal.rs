@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::http::header::{AUTHORIZATION, COOKIE};
 use axum::http::{HeaderMap, Method};
 
-use super::secret::hash_secret;
+use super::secret::{hash_secret, session_csrf_token};
 use crate::app::AppState;
 use crate::store::accounts::{Level, TokenScope, User};
 use crate::store::{now_ms, StoreError, StoreResult};
@@ -34,10 +34,35 @@ pub enum Principal {
     Anonymous,
 }
 
-#[derive(Debug, Clone)]
+/// How a user's request was authenticated. Its `Debug` leaves the session's values out: a
+/// principal reaches log lines (the `#[instrument]` spans of handlers print their arguments).
+#[derive(Clone)]
 pub enum Via {
-    Session { id_hash: String, csrf: String },
-    Token { id: String, scope: TokenScope },
+    Session {
+        /// The hash of the cookie's secret (the store's key of the session).
+        id_hash: String,
+        /// The session's CSRF token, for the pages to embed (derived from the cookie).
+        csrf: String,
+        /// What the store keeps of the CSRF token, which a write's token is compared with.
+        csrf_hash: String,
+    },
+    Token {
+        id: String,
+        scope: TokenScope,
+    },
+}
+
+impl std::fmt::Debug for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Via::Session { .. } => f.debug_struct("Session").finish_non_exhaustive(),
+            Via::Token { id, scope } => f
+                .debug_struct("Token")
+                .field("id", id)
+                .field("scope", scope)
+                .finish(),
+        }
+    }
 }
 
 /// A credential that was presented and is not (or no longer) valid: a 401, never a fallback
@@ -104,6 +129,21 @@ impl Principal {
                 ..
             } => Some(csrf),
             _ => None,
+        }
+    }
+
+    /// Whether `sent` is this session's CSRF token, compared by its hash with what the store
+    /// keeps (in constant time); `false` for a caller without a session.
+    pub fn is_session_csrf(&self, sent: &[u8]) -> bool {
+        match self {
+            Principal::User {
+                via: Via::Session { csrf_hash, .. },
+                ..
+            } => {
+                let sent = hash_secret(&String::from_utf8_lossy(sent));
+                constant_time_eq(sent.as_bytes(), csrf_hash.as_bytes())
+            }
+            _ => false,
         }
     }
 
@@ -255,6 +295,11 @@ async fn session_principal(state: &AppState, secret: &str) -> StoreResult<Option
         state.store.delete_session(&id_hash).await?;
         return Ok(None);
     }
+    // The CSRF token is derived from the cookie; the store has its hash to compare with.
+    let csrf = session_csrf_token(secret);
+    if !constant_time_eq(hash_secret(&csrf).as_bytes(), session.csrf_hash.as_bytes()) {
+        return Ok(None);
+    }
     if now - session.last_seen_at > TOUCH_EVERY_MS {
         state.store.touch_session(&id_hash, now).await?;
     }
@@ -262,7 +307,8 @@ async fn session_principal(state: &AppState, secret: &str) -> StoreResult<Option
         user: Arc::new(user),
         via: Via::Session {
             id_hash,
-            csrf: session.csrf_token,
+            csrf,
+            csrf_hash: session.csrf_hash,
         },
     }))
 }
@@ -340,6 +386,46 @@ mod tests {
             ("host", "h:8080")
         ])));
         assert!(!same_origin(&headers(&[])));
+    }
+
+    #[test]
+    fn a_principal_formatted_for_a_log_shows_no_secret() {
+        let secret = crate::access::secret::new_secret();
+        let csrf = session_csrf_token(&secret);
+        let user = Arc::new(User {
+            id: "u1".into(),
+            name: "alice".into(),
+            is_admin: false,
+            disabled: false,
+            created_at: 0,
+            has_password: true,
+        });
+        let session = Principal::User {
+            user: user.clone(),
+            via: Via::Session {
+                id_hash: hash_secret(&secret),
+                csrf: csrf.clone(),
+                csrf_hash: hash_secret(&csrf),
+            },
+        };
+        for text in [format!("{session:?}"), format!("{session:#?}")] {
+            assert!(text.contains("alice"), "{text}");
+            for hidden in [&secret, &csrf, &hash_secret(&secret), &hash_secret(&csrf)] {
+                assert!(!text.contains(hidden.as_str()), "{text}");
+            }
+            assert!(!text.contains(&csrf[crate::access::secret::PREFIX.len()..]));
+        }
+        let token = Principal::User {
+            user,
+            via: Via::Token {
+                id: "t1".into(),
+                scope: TokenScope::Read,
+            },
+        };
+        assert!(format!("{token:?}").contains("t1"));
+        assert!(session.is_session_csrf(csrf.as_bytes()));
+        assert!(!session.is_session_csrf(secret.as_bytes()));
+        assert!(!token.is_session_csrf(csrf.as_bytes()));
     }
 
     #[test]

@@ -28,6 +28,17 @@ pub fn hash_secret(secret: &str) -> String {
     blake3::hash(secret.as_bytes()).to_hex().to_string()
 }
 
+/// The CSRF token of the session whose cookie holds `session_secret`: derived from it (BLAKE3
+/// in key-derivation mode), so the server can put it in every page from the cookie alone and
+/// the store keeps only its hash. The token does not reveal the session secret.
+pub fn session_csrf_token(session_secret: &str) -> String {
+    const CONTEXT: &str = "trainyard 2027-01 session cookie secret -> CSRF token";
+    format!(
+        "{PREFIX}{}",
+        hex(&blake3::derive_key(CONTEXT, session_secret.as_bytes()))
+    )
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -46,5 +57,18 @@ mod tests {
         assert_ne!(hash_secret(&a), hash_secret(&b));
         assert!(!hash_secret(&a).contains(&a[PREFIX.len()..]));
         assert_eq!(new_id().len(), 32);
+    }
+
+    #[test]
+    fn a_sessions_csrf_token_is_its_own_secret_derived_from_the_cookie() {
+        let a = new_secret();
+        let b = new_secret();
+        let csrf = session_csrf_token(&a);
+        assert_eq!(csrf, session_csrf_token(&a));
+        assert_ne!(csrf, session_csrf_token(&b));
+        assert!(csrf.starts_with(PREFIX) && csrf.len() == a.len(), "{csrf}");
+        assert_ne!(csrf, a);
+        assert_ne!(csrf[PREFIX.len()..], hash_secret(&a));
+        assert!(!csrf.contains(&a[PREFIX.len()..]));
     }
 }

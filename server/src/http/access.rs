@@ -149,9 +149,9 @@ async fn csrf_checked(
     principal: &Principal,
     request: Request,
 ) -> Result<Request, Box<Response>> {
-    let Some(expected) = principal.session_csrf() else {
+    if principal.session_csrf().is_none() {
         return Ok(request);
-    };
+    }
     let room = request
         .extensions()
         .get::<MatchedPath>()
@@ -163,7 +163,7 @@ async fn csrf_checked(
         Err(Box::new(refuse_plain(room, denied)))
     };
     if let Some(sent) = request.headers().get(CSRF_HEADER) {
-        return if principal::constant_time_eq(sent.as_bytes(), expected.as_bytes()) {
+        return if principal.is_session_csrf(sent.as_bytes()) {
             Ok(request)
         } else {
             forged()
@@ -186,7 +186,7 @@ async fn csrf_checked(
     };
     let sent = form_urlencoded_field(&bytes, "csrf");
     match sent {
-        Some(sent) if principal::constant_time_eq(sent.as_bytes(), expected.as_bytes()) => {
+        Some(sent) if principal.is_session_csrf(sent.as_bytes()) => {
             Ok(Request::from_parts(parts, Body::from(bytes)))
         }
         _ => forged(),

@@ -122,7 +122,8 @@ pub struct TokenNew {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Session {
     pub user_id: String,
-    pub csrf_token: String,
+    /// The hash of the session's CSRF token (`access::secret::hash_secret`).
+    pub csrf_hash: String,
     pub created_at: i64,
     pub last_seen_at: i64,
     pub expires_at: i64,
@@ -131,7 +132,8 @@ pub struct Session {
 pub struct SessionNew {
     pub id_hash: String,
     pub user_id: String,
-    pub csrf_token: String,
+    /// The hash of the session's CSRF token, never the token.
+    pub csrf_hash: String,
     pub now: i64,
     pub expires_at: i64,
     pub client: Option<String>,

@@ -16,7 +16,7 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 
 use crate::access::principal::{accounts_on, cookie, SESSION_COOKIE};
-use crate::access::secret::{hash_secret, new_secret};
+use crate::access::secret::{hash_secret, new_secret, session_csrf_token};
 use crate::access::{audit, password, Principal};
 use crate::app::AppState;
 use crate::http::access::Client;
@@ -55,12 +55,22 @@ pub struct SessionInfo {
 pub async fn whoami(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-) -> Json<SessionInfo> {
-    Json(SessionInfo {
+) -> Response {
+    no_store(Json(SessionInfo {
         accounts: accounts_on(&state),
         user: principal.user().cloned(),
         csrf_token: principal.session_csrf().map(str::to_owned),
-    })
+    }))
+}
+
+/// A response that carries a secret (a token's, a session's CSRF token): no cache, the
+/// browser's included, may keep a copy (`Cache-Control: no-store`).
+pub fn no_store(response: impl IntoResponse) -> Response {
+    let mut response = response.into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
 }
 
 /// Signs in with a name and password; sets the session cookie.
@@ -80,12 +90,11 @@ pub async fn sign_in(
 ) -> Result<Response, ApiError> {
     let (user, secret, csrf) =
         start_session(&state, client.as_deref(), &body.name, &body.password).await?;
-    let mut response = Json(SessionInfo {
+    let mut response = no_store(Json(SessionInfo {
         accounts: true,
         user: Some(user),
         csrf_token: Some(csrf),
-    })
-    .into_response();
+    }));
     response
         .headers_mut()
         .insert(header::SET_COOKIE, session_cookie(&state, Some(&secret)));
@@ -149,7 +158,7 @@ pub async fn start_session(
     };
     state.throttle.succeeded(name);
     let secret = new_secret();
-    let csrf = new_secret();
+    let csrf = session_csrf_token(&secret);
     let now = now_ms();
     let lifetime = i64::try_from(state.settings.session_max.as_millis()).unwrap_or(i64::MAX);
     state
@@ -157,7 +166,7 @@ pub async fn start_session(
         .create_session(SessionNew {
             id_hash: hash_secret(&secret),
             user_id: user.id.clone(),
-            csrf_token: csrf.clone(),
+            csrf_hash: hash_secret(&csrf),
             now,
             expires_at: now.saturating_add(lifetime),
             client: client.map(str::to_owned),
@@ -275,10 +284,10 @@ pub async fn create_token(
     Extension(principal): Extension<Principal>,
     Client(client): Client,
     ApiJson(body): ApiJson<CreateToken>,
-) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+) -> Result<Response, ApiError> {
     let user = own_user(&principal)?;
     let created = issue_token(&state, &principal, client.as_deref(), user, &body).await?;
-    Ok((StatusCode::CREATED, Json(created)))
+    Ok(no_store((StatusCode::CREATED, Json(created))))
 }
 
 /// Validates a token request and stores the token (shared by the API and the account page).

@@ -162,7 +162,9 @@ pub(super) async fn account(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
 ) -> PageResult {
-    html(account_page(&state, &principal, None, None).await?)
+    // The page carries the session's CSRF token: no cache keeps it.
+    let page = account_page(&state, &principal, None, None).await?;
+    Ok(account::no_store(Html(page.render()?)))
 }
 
 #[derive(Deserialize)]
@@ -217,8 +219,10 @@ pub(super) async fn create_token(
     } else {
         StatusCode::OK
     };
+    // The page shows the new token's secret: no cache, the browser's back button included,
+    // may keep it.
     let page = account_page(&state, &principal, secret, error).await?;
-    Ok((status, Html(page.render()?)).into_response())
+    Ok(account::no_store((status, Html(page.render()?))))
 }
 
 pub(super) async fn revoke_token(

@@ -202,12 +202,12 @@ impl Accounts for SqlStore {
 
     async fn create_session(&self, new: SessionNew) -> StoreResult<()> {
         let q = Sql::new(
-            "INSERT INTO sessions (id_hash, user_id, csrf_token, created_at, last_seen_at, \
+            "INSERT INTO sessions (id_hash, user_id, csrf_hash, created_at, last_seen_at, \
              expires_at, client) VALUES ($1, $2, $3, $4, $4, $5, $6)",
         )
         .bind(new.id_hash)
         .bind(new.user_id)
-        .bind(new.csrf_token)
+        .bind(new.csrf_hash)
         .bind(new.now)
         .bind(new.expires_at)
         .bind(new.client);
@@ -216,7 +216,7 @@ impl Accounts for SqlStore {
 
     async fn session(&self, id_hash: &str) -> StoreResult<Option<(Session, User)>> {
         let q = Sql::new(format!(
-            "SELECT s.user_id, s.csrf_token, s.created_at, s.last_seen_at, s.expires_at, \
+            "SELECT s.user_id, s.csrf_hash, s.created_at, s.last_seen_at, s.expires_at, \
              {USER_COLUMNS} FROM sessions s JOIN users u ON u.id = s.user_id \
              WHERE s.id_hash = $1"
         ))
@@ -226,7 +226,7 @@ impl Accounts for SqlStore {
         };
         let session = Session {
             user_id: row.get(0)?,
-            csrf_token: row.get(1)?,
+            csrf_hash: row.get(1)?,
             created_at: row.get(2)?,
             last_seen_at: row.get(3)?,
             expires_at: row.get(4)?,

@@ -3,6 +3,7 @@
 
 mod cli;
 mod matrix;
+mod secrets;
 mod sessions;
 mod sign_in_next;
 mod tokens;

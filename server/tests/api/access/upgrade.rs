@@ -124,7 +124,7 @@ async fn idle_and_expired_sessions_no_longer_sign_anyone_in(app: &TestApp) {
             .create_session(SessionNew {
                 id_hash: hash_secret(&secret),
                 user_id: alice.id.clone(),
-                csrf_token: new_secret(),
+                csrf_hash: hash_secret(&trainyard::access::secret::session_csrf_token(&secret)),
                 now: last_seen,
                 expires_at,
                 client: None,
