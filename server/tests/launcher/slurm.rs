@@ -167,6 +167,47 @@ async fn a_tiny_training_run_on_slurm_finishes_with_its_metrics_and_its_job_show
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slurm_job_is_confined_on_its_node_as_a_local_run_is() {
+    let app = slurm_app().await;
+    let database = app.data_dir.path().join("trainyard.db");
+    assert!(database.exists());
+    let command = format!(
+        r#"for f in '{}' /etc/hostname; do
+  cat "$f" > /dev/null && echo "READ $f" || echo "DENIED $f"
+done
+echo mine > own.txt && echo "WROTE own directory""#,
+        database.display()
+    );
+    let id = launch(
+        &app.client,
+        &app.address,
+        json!({"launch": true, "command": command, "resources":
+            {"executor": "slurm", "slurm": {"partition": "debug", "time": "15:00"}}}),
+    )
+    .await;
+    let _cancel = CancelJobs(id.clone());
+    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let log = std::fs::read_to_string(
+        app.data_dir
+            .path()
+            .join("runs")
+            .join(&id)
+            .join("output.log"),
+    )
+    .unwrap();
+    assert_eq!(run["status"], "finished", "{run:#}\n{log}");
+    for line in [
+        format!("DENIED {}", database.display()),
+        "DENIED /etc/hostname".to_string(),
+        "WROTE own directory".to_string(),
+    ] {
+        assert!(log.lines().any(|l| l == line), "{line} missing:\n{log}");
+    }
+    assert!(log.contains("Permission denied"), "{log}");
+    assert!(!log.contains("not confined"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_a_slurm_run_cancels_its_job_leaving_a_checkpoint_that_resume_continues_from() {
     let app = slurm_app().await;
     let id = launch(&app.client, &app.address, tiny(100_000, 0, 0)).await;

@@ -57,7 +57,8 @@ fn analytic_spec(script: &Path, max_trials: u32, parallel: u32) -> Value {
     json!({
         "name": "analytic",
         "experiment": "sweeps",
-        "base": {"command": ["python3", script.to_str().unwrap()]},
+        // The system's Python: a confined trial cannot run a shim under a home directory.
+        "base": {"command": ["/usr/bin/python3", script.to_str().unwrap()]},
         "metric": {"name": "loss", "goal": "minimize"},
         "method": "random",
         "parameters": {
@@ -279,7 +280,9 @@ async fn a_sweep_survives_a_server_sigkill_with_no_trial_lost_or_launched_twice(
     let dir = tempfile::tempdir().unwrap();
     let script = analytic_script(dir.path(), 0.4);
     let c = client();
-    let mut server = spawn_serve(data.path(), 0).await;
+    // The trials run confined, as a server runs them by default: their script lies in a root.
+    let root = [("TRAINYARD_DATA_ROOTS", dir.path().to_str().unwrap())];
+    let mut server = spawn_serve_with_env(data.path(), 0, &root).await;
     let port = server.port;
     let sweep = submit(&c, &server.address, analytic_spec(&script, 6, 2)).await;
     let id = sweep["id"].as_str().unwrap().to_string();
@@ -292,7 +295,7 @@ async fn a_sweep_survives_a_server_sigkill_with_no_trial_lost_or_launched_twice(
     server.child.wait().unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let mut server = spawn_serve(data.path(), port).await;
+    let mut server = spawn_serve_with_env(data.path(), port, &root).await;
     let done = wait_sweep(&c, &server.address, &id, ended).await;
     let runs = sweep_runs(&c, &server.address, &id).await;
     server.child.kill().unwrap();
