@@ -82,6 +82,14 @@ impl HostRules {
     /// The `Host` header (and the request target's authority, when a client sends an absolute
     /// URI) must name this server.
     fn check_host(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), ApiError> {
+        // Two `Host` headers are a malformed request (RFC 9112 §3.2: answer 400): a proxy and
+        // this server could each read another one.
+        if headers.get_all(header::HOST).iter().nth(1).is_some() {
+            return Err(ApiError::bad_request(
+                "Host",
+                "the request has more than one Host header; send exactly one",
+            ));
+        }
         let header = headers.get(header::HOST).map(|v| v.to_str().unwrap_or(""));
         let authority = uri.authority().map(Authority::as_str);
         if header.is_none() && authority.is_none() {

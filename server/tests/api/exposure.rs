@@ -489,3 +489,56 @@ async fn a_request_body_that_stalls_is_answered_408_after_the_body_timeout() {
     let names = experiment_names(&app).await;
     assert!(!names.contains(&"stalled".to_string()), "{names:?}");
 }
+
+/// Sends `head` (a whole request without a body) on a fresh connection; the answer.
+async fn raw_request(app: &TestApp, head: &str) -> String {
+    let mut stream = TcpStream::connect(app.address.trim_start_matches("http://"))
+        .await
+        .expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("write");
+    read_until_closed(&mut stream).await
+}
+
+#[tokio::test]
+async fn a_request_with_two_host_headers_is_a_400_naming_host_and_changes_nothing() {
+    let app = spawn_app().await;
+    let pairs = [
+        ("127.0.0.1", "evil.example"),
+        ("evil.example", "127.0.0.1"),
+        ("127.0.0.1", "127.0.0.1"),
+    ];
+    for (first, second) in pairs {
+        for (method, path) in [
+            ("GET", "/api/v1/experiments"),
+            ("GET", "/"),
+            ("POST", "/api/v1/experiments"),
+        ] {
+            let body = r#"{"name": "two-hosts"}"#;
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {first}\r\nHost: {second}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{}",
+                if method == "POST" { body.len() } else { 0 },
+                if method == "POST" { body } else { "" },
+            );
+            let answer = raw_request(&app, &head).await;
+            assert!(
+                answer.starts_with("HTTP/1.1 400"),
+                "{method} {path} with {first}, {second}: {answer}"
+            );
+            let json = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+            let error: Value = serde_json::from_str(json).expect("a JSON body");
+            assert_eq!(error["error"]["code"], "bad_request", "{answer}");
+            assert_eq!(error["error"]["field"], "Host", "{answer}");
+        }
+    }
+    // One Host, the same request: served.
+    let answer = raw_request(
+        &app,
+        "GET /api/v1/experiments HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let names = experiment_names(&app).await;
+    assert!(!names.contains(&"two-hosts".to_string()), "{names:?}");
+}
