@@ -309,15 +309,8 @@ async fn upload(
         return Err(MlflowError::invalid("path", "name the file to upload"));
     }
     let root = artifact_root(&state, &run.id);
-    let target = root.join(&rel);
-    let parent = target.parent().unwrap_or(&root).to_path_buf();
-    tokio::fs::create_dir_all(&parent).await.map_err(io_error)?;
-    if on_disk(&root, parent.strip_prefix(&root).unwrap_or(Path::new("")))
-        .await?
-        .is_none()
-    {
-        return Err(MlflowError::invalid("path", "the folder cannot be made"));
-    }
+    let parent = make_folders(&root, rel.parent().unwrap_or(Path::new(""))).await?;
+    let target = parent.join(rel.file_name().unwrap_or_default());
     if tokio::fs::metadata(&target).await.is_ok_and(|m| m.is_dir()) {
         return Err(MlflowError::invalid(
             "path",
@@ -335,6 +328,68 @@ async fn upload(
     }
     result?;
     Ok(Json(json!({})))
+}
+
+/// Makes the folders `rel` below the run's artifact folder `root`, one at a time, and returns
+/// the last. Every step is checked before anything is made: an existing one must be a folder,
+/// or a link that leads to a folder inside `root`; anything else (a link planted to lead
+/// elsewhere, a file) is refused, so no upload makes a folder outside the run. `root` itself
+/// may not be a link.
+async fn make_folders(root: &Path, rel: &Path) -> MlflowResult<PathBuf> {
+    let refused = |why: String| MlflowError::invalid("path", why);
+    match tokio::fs::symlink_metadata(root).await {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(refused("the run's artifact folder is not a folder".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tokio::fs::create_dir_all(root).await.map_err(io_error)?;
+        }
+        Err(e) => return Err(io_error(e)),
+    }
+    let real_root = tokio::fs::canonicalize(root).await.map_err(io_error)?;
+    let mut here = root.to_path_buf();
+    for part in rel.components() {
+        here.push(part);
+        let shown = || {
+            here.strip_prefix(root)
+                .unwrap_or(&here)
+                .display()
+                .to_string()
+        };
+        match tokio::fs::symlink_metadata(&here).await {
+            Ok(m) if m.is_dir() => continue,
+            Ok(m) if m.file_type().is_symlink() => {
+                let inside = match tokio::fs::canonicalize(&here).await {
+                    Ok(real) => {
+                        real.starts_with(&real_root)
+                            && tokio::fs::metadata(&real).await.is_ok_and(|m| m.is_dir())
+                    }
+                    Err(_) => false,
+                };
+                if !inside {
+                    return Err(refused(format!(
+                        "`{}` is a link that leads outside the run's artifacts",
+                        shown()
+                    )));
+                }
+            }
+            Ok(_) => return Err(refused(format!("`{}` is a file, not a folder", shown()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                match tokio::fs::create_dir(&here).await {
+                    Ok(()) => {}
+                    // Made meanwhile by another upload: a folder is fine, anything else not.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        let m = tokio::fs::symlink_metadata(&here).await.map_err(io_error)?;
+                        if !m.is_dir() {
+                            return Err(refused(format!("`{}` cannot be made", shown())));
+                        }
+                    }
+                    Err(e) => return Err(io_error(e)),
+                }
+            }
+            Err(e) => return Err(io_error(e)),
+        }
+    }
+    Ok(here)
 }
 
 async fn write_body(temp: &Path, body: Body) -> MlflowResult<()> {

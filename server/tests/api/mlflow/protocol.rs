@@ -473,6 +473,65 @@ async fn artifacts_are_uploaded_listed_downloaded_and_kept_inside_the_run(app: &
     assert_eq!(elsewhere.status(), StatusCode::NOT_FOUND);
 }
 
+/// A link planted in a run's artifacts (the run's own process can write there) never lets an
+/// upload make a folder or a file outside the run: it is refused before anything is made.
+async fn an_upload_through_a_planted_link_is_refused_before_anything_is_made(app: &TestApp) {
+    let run = mlflow_run(app, "0", "with a link").await;
+    let base = format!("/api/2.0/mlflow-artifacts/artifacts/0/{run}/artifacts");
+    let put = |path: String| {
+        app.client
+            .put(app.url(&format!("{base}/{path}")))
+            .body("x")
+            .send()
+    };
+    assert_eq!(
+        put("plots/loss.txt".into()).await.expect("put").status(),
+        StatusCode::OK
+    );
+    let root = trainyard::launcher::run_dir(&app.state.settings.data_dir, &run).join("artifacts");
+    let outside = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(outside.path(), root.join("escape")).expect("link");
+    for path in ["escape/made/f.txt", "escape/f.txt", "escape/a/b/c/f.txt"] {
+        let r = put(path.into()).await.expect("put");
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
+        let body: Value = r.json().await.expect("json");
+        assert_eq!(body["error_code"], "INVALID_PARAMETER_VALUE", "{body}");
+    }
+    let made: Vec<_> = std::fs::read_dir(outside.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(made.is_empty(), "made outside the run: {made:?}");
+
+    // A link that stays inside the run's artifacts is followed.
+    std::os::unix::fs::symlink(root.join("plots"), root.join("alias")).expect("link");
+    assert_eq!(
+        put("alias/new/x.txt".into()).await.expect("put").status(),
+        StatusCode::OK
+    );
+    assert!(root.join("plots/new/x.txt").is_file());
+
+    // A run whose artifact folder itself is a link to elsewhere: refused, nothing made there.
+    let other = mlflow_run(app, "0", "linked folder").await;
+    let other_dir = trainyard::launcher::run_dir(&app.state.settings.data_dir, &other);
+    std::fs::create_dir_all(&other_dir).expect("run dir");
+    std::os::unix::fs::symlink(outside.path(), other_dir.join("artifacts")).expect("link");
+    let r = app
+        .client
+        .put(app.url(&format!(
+            "/api/2.0/mlflow-artifacts/artifacts/0/{other}/artifacts/sub/f.txt"
+        )))
+        .body("x")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        std::fs::read_dir(outside.path()).expect("read dir").count(),
+        0
+    );
+}
+
 /// MLflow's browser UI calls the same routes under `/ajax-api/`, with the same answers and the
 /// same access check.
 async fn the_ajax_api_prefix_serves_the_same_routes(app: &TestApp) {
@@ -498,4 +557,5 @@ crate::on_both_backends!(
     bad_requests_answer_with_the_codes_the_client_expects,
     deleted_runs_and_experiments_leave_the_lists_until_restored,
     artifacts_are_uploaded_listed_downloaded_and_kept_inside_the_run,
+    an_upload_through_a_planted_link_is_refused_before_anything_is_made,
 );
