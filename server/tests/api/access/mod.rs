@@ -3,6 +3,7 @@
 
 mod cli;
 mod matrix;
+mod names;
 mod secrets;
 mod sessions;
 mod sign_in_next;
