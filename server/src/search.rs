@@ -69,8 +69,15 @@ impl SearchParams {
         given(v).unwrap_or("")
     }
 
-    /// Checks every parameter and resolves the experiment (by id or name) into a store query.
-    pub async fn to_query(&self, store: &DynStore) -> Result<RunQuery, SearchOrStoreError> {
+    /// Checks every parameter and resolves the experiment (by id or name) into a store query
+    /// over the runs of `visible` experiments (`None`: every one). An experiment outside them
+    /// is "not found", exactly like one that does not exist, and a key only their runs lack is
+    /// unknown (the message suggests only keys of runs the caller may read).
+    pub async fn to_query(
+        &self,
+        store: &DynStore,
+        visible: Option<Vec<String>>,
+    ) -> Result<RunQuery, SearchOrStoreError> {
         let (sort, dir) = match given(&self.sort) {
             Some(text) => parse_sort(text)?,
             None => (SortKey::CreatedAt, SortDir::Desc),
@@ -85,10 +92,25 @@ impl SearchParams {
             .map(parse_filter)
             .transpose()?;
         let experiment = match given(&self.experiment) {
-            Some(e) => Some(store.get_experiment(e).await?),
+            Some(e) => {
+                let found = store.get_experiment(e).await?;
+                if visible.as_ref().is_some_and(|v| !v.contains(&found.id)) {
+                    // Named back as the client wrote it, as for a missing one.
+                    return Err(StoreError::NotFound {
+                        entity: "experiment",
+                        id: e.to_string(),
+                    }
+                    .into());
+                }
+                Some(found)
+            }
             None => None,
         };
-        check_keys(store, filter.as_ref(), &sort, experiment.as_ref()).await?;
+        let scope = match &experiment {
+            Some(e) => Some(vec![e.id.clone()]),
+            None => visible.clone(),
+        };
+        check_keys(store, filter.as_ref(), &sort, experiment.as_ref(), scope).await?;
         Ok(RunQuery {
             experiment_id: experiment.map(|e| e.id),
             status,
@@ -98,31 +120,22 @@ impl SearchParams {
             dir,
             limit,
             cursor: given(&self.cursor).map(str::to_string),
-            visible_experiments: None,
+            visible_experiments: visible,
             lifecycle: Default::default(),
         })
     }
 }
 
 /// [`SearchParams::to_query`] for a caller: only runs of experiments it may read (filtered in
-/// the query, so pages are full), and an experiment it may not read is "not found".
+/// the query, so pages are full), an experiment it may not read is "not found", and a key only
+/// runs it may not read have is unknown.
 pub async fn visible_query(
     state: &crate::app::AppState,
     principal: &crate::access::Principal,
     params: &SearchParams,
 ) -> Result<RunQuery, crate::http::ApiError> {
-    let mut query = params.to_query(&state.store).await?;
     let visible = principal.readable_experiments(state).await?;
-    if let (Some(visible), Some(experiment)) = (&visible, &query.experiment_id) {
-        if !visible.contains(experiment) {
-            return Err(crate::http::ApiError::NotFound(format!(
-                "experiment `{}` not found",
-                params.value("experiment")
-            )));
-        }
-    }
-    query.visible_experiments = visible;
-    Ok(query)
+    Ok(params.to_query(&state.store, visible).await?)
 }
 
 /// A search can fail on its parameters or in the store (an unknown experiment, say).
@@ -146,13 +159,16 @@ impl From<StoreError> for SearchOrStoreError {
 
 /// Refuses a search naming a param or metric key that no run (of the experiment searched) has:
 /// it would quietly find no run, or sort by nothing, where the user most likely mistyped a key.
-/// The message offers the nearest keys runs do have. Each named key costs one index probe; the
-/// known keys are read only for a key that is missing.
+/// The message offers the nearest keys runs do have. Only runs of the experiments in `scope`
+/// count (`None`: every run), for the presence check and the suggestions alike, so a key that
+/// only runs the caller may not read have answers exactly like one no run has. Each named key
+/// costs one index probe; the known keys are read only for a key that is missing.
 async fn check_keys(
     store: &DynStore,
     filter: Option<&Filter>,
     sort: &SortKey,
     experiment: Option<&Experiment>,
+    scope: Option<Vec<String>>,
 ) -> Result<(), SearchOrStoreError> {
     let mut named: Vec<(&'static str, KeyKind, &str)> = filter
         .map(|f| f.keys().into_iter().map(|(kind, key)| ("q", kind, key)))
@@ -164,12 +180,12 @@ async fn check_keys(
         SortKey::Metric(key) => named.push(("sort", KeyKind::Metric, key)),
         SortKey::CreatedAt | SortKey::Name | SortKey::Status => {}
     }
-    let experiment_id = experiment.map(|e| e.id.as_str());
+    let scope = scope.as_deref();
     for (field, kind, key) in named {
-        if store.has_key(kind, key, experiment_id).await? {
+        if store.has_key(kind, key, scope).await? {
             continue;
         }
-        let known = store.known_keys(kind, experiment_id).await?;
+        let known = store.known_keys(kind, scope).await?;
         // `sort` takes the key as written after the prefix; `q` needs backquotes around odd keys.
         let write = |k: &str| match field {
             "q" => format!("`{}`", written_key(kind, k)),

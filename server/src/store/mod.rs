@@ -409,20 +409,20 @@ pub trait Store: accounts::Accounts + sweeps::Sweeps + Send + Sync + 'static {
     /// Records datasets a run used; one already recorded (same name and digest) is kept.
     async fn log_inputs(&self, id: &str, inputs: &[RunInput]) -> StoreResult<()>;
     async fn run_inputs(&self, id: &str) -> StoreResult<Vec<RunInput>>;
-    /// Whether some run (of the experiment, when given) has this param, or a point of this
-    /// metric.
+    /// Whether some run (of these experiments, when given: `None` is every run) has this
+    /// param, or a point of this metric.
     async fn has_key(
         &self,
         kind: KeyKind,
         key: &str,
-        experiment_id: Option<&str>,
+        experiments: Option<&[String]>,
     ) -> StoreResult<bool>;
-    /// Every key of the kind some run (of the experiment, when given) has, in order; at most
-    /// `MAX_KNOWN_KEYS`.
+    /// Every key of the kind some run (of these experiments, when given: `None` is every run)
+    /// has, in order; at most `MAX_KNOWN_KEYS`.
     async fn known_keys(
         &self,
         kind: KeyKind,
-        experiment_id: Option<&str>,
+        experiments: Option<&[String]>,
     ) -> StoreResult<Vec<String>>;
 
     /// One transaction; idempotent on (run, key, step) (first value wins). Points must already

@@ -216,17 +216,17 @@ impl Store for SqlStore {
         &self,
         kind: KeyKind,
         key: &str,
-        experiment_id: Option<&str>,
+        experiments: Option<&[String]>,
     ) -> StoreResult<bool> {
-        self.key_exists(kind, key, experiment_id).await
+        self.key_exists(kind, key, experiments).await
     }
 
     async fn known_keys(
         &self,
         kind: KeyKind,
-        experiment_id: Option<&str>,
+        experiments: Option<&[String]>,
     ) -> StoreResult<Vec<String>> {
-        self.keys_known(kind, experiment_id).await
+        self.keys_known(kind, experiments).await
     }
 
     async fn append_points(

@@ -78,11 +78,9 @@ pub async fn runs_table(state: &AppState, principal: &Principal, p: RunsParams) 
         sort: search.value("sort").to_string(),
     };
     let mut error = None;
-    let query = match search.to_query(&state.store).await {
-        Ok(mut query) => {
-            query.visible_experiments = visible;
-            Some(query)
-        }
+    // Keys the filter or sort names are checked, and suggested, from readable runs only.
+    let query = match search.to_query(&state.store, visible).await {
+        Ok(query) => Some(query),
         Err(SearchOrStoreError::Search(e)) => {
             error = Some(e.to_string());
             None

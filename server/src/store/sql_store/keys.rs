@@ -1,7 +1,9 @@
 //! The param and metric keys runs have: what a search may name. A search that names a key no
 //! run has is refused with the nearest known keys (`crate::search`), so these reads sit on the
 //! search path: the presence check is one index probe per key, and the full list (read only
-//! when a key is missing) walks the key index once per distinct key, never every row.
+//! when a key is missing) walks the key index once per distinct key, never every row. Both
+//! look only at runs of the experiments given (those the caller may read), so a key that only
+//! hidden runs have is as unknown as one no run has.
 
 use super::SqlStore;
 use crate::store::sql::Sql;
@@ -21,20 +23,26 @@ impl SqlStore {
         &self,
         kind: KeyKind,
         key: &str,
-        experiment_id: Option<&str>,
+        experiments: Option<&[String]>,
     ) -> StoreResult<bool> {
         let (table, counts) = source(kind);
-        let select = match experiment_id {
+        let select = match experiments {
             None => Sql::new(format!(
                 "SELECT 1 FROM {table} k WHERE k.key = $1{counts} LIMIT 1"
             ))
             .bind(key),
-            Some(experiment) => Sql::new(format!(
-                "SELECT 1 FROM {table} k JOIN runs r ON r.id = k.run_id \
-                 WHERE k.key = $1 AND r.experiment_id = $2{counts} LIMIT 1"
-            ))
-            .bind(key)
-            .bind(experiment),
+            // No experiment: no run, so no key (and no query).
+            Some([]) => return Ok(false),
+            Some(experiments) => {
+                let mut q = Sql::new(format!(
+                    "SELECT 1 FROM {table} k JOIN runs r ON r.id = k.run_id \
+                     WHERE k.key = $1{counts} AND r.experiment_id IN "
+                ))
+                .bind(key);
+                q.tuple(experiments.iter().cloned());
+                q.push(" LIMIT 1");
+                q
+            }
         };
         let mut conn = self.reader().await?;
         Ok(conn.fetch_optional(select).await?.is_some())
@@ -43,11 +51,11 @@ impl SqlStore {
     pub(super) async fn keys_known(
         &self,
         kind: KeyKind,
-        experiment_id: Option<&str>,
+        experiments: Option<&[String]>,
     ) -> StoreResult<Vec<String>> {
         let (table, counts) = source(kind);
         let limit = MAX_KNOWN_KEYS as i64;
-        let select = match experiment_id {
+        let select = match experiments {
             // A loose index scan: each step finds the next greater key through the key index,
             // so the cost follows the number of distinct keys, not the number of rows.
             None => Sql::new(format!(
@@ -61,12 +69,17 @@ impl SqlStore {
                  SELECT key FROM known WHERE key IS NOT NULL LIMIT $1"
             ))
             .bind(limit),
-            Some(experiment) => Sql::new(format!(
-                "SELECT DISTINCT k.key FROM {table} k JOIN runs r ON r.id = k.run_id \
-                 WHERE r.experiment_id = $1{counts} ORDER BY k.key LIMIT $2"
-            ))
-            .bind(experiment)
-            .bind(limit),
+            Some([]) => return Ok(Vec::new()),
+            Some(experiments) => {
+                let mut q = Sql::new(format!(
+                    "SELECT DISTINCT k.key FROM {table} k JOIN runs r ON r.id = k.run_id \
+                     WHERE TRUE{counts} AND r.experiment_id IN "
+                ));
+                q.tuple(experiments.iter().cloned());
+                q.push(" ORDER BY k.key LIMIT ");
+                q.arg(limit);
+                q
+            }
         };
         let mut conn = self.reader().await?;
         let rows = conn.fetch_all(select).await?;

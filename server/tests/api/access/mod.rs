@@ -2,6 +2,7 @@
 //! one experiment, and what each of them gets from every route.
 
 mod cli;
+mod hidden_keys;
 mod matrix;
 mod names;
 mod secrets;
