@@ -103,13 +103,16 @@ pub async fn decide(
                 Err(StoreError::NotFound { .. }) => return Err(not_found()),
                 other => other?,
             };
-            match require_experiment(state, principal, &sweep.experiment_id, "", level).await {
+            let in_sweep = Held {
+                experiment_id: &sweep.experiment_id,
+                created_by: sweep.created_by.as_deref(),
+            };
+            match require_held(state, principal, in_sweep, level, "sweep").await {
                 // A sweep in an experiment the caller may not read does not exist for them.
                 Err(Denied::NotFound(_)) => Err(not_found()),
-                Err(Denied::Forbidden(_)) => Err(Denied::Forbidden(format!(
-                    "you need {} access to the experiment of sweep `{asked}`",
-                    level.as_str()
-                ))),
+                Err(Denied::Forbidden(why)) => {
+                    Err(Denied::Forbidden(format!("sweep `{asked}`: {why}")))
+                }
                 other => other,
             }
         }
@@ -131,7 +134,8 @@ pub async fn require_named(
     }
 }
 
-/// The caller needs `level` on the run's experiment; a run it may not read is "not found".
+/// The caller needs `level` on the run ([`policy::run_level`]); a run it may not read is "not
+/// found".
 pub async fn require_run(
     state: &AppState,
     principal: &Principal,
@@ -143,18 +147,116 @@ pub async fn require_run(
         Err(StoreError::NotFound { .. }) => return Err(not_found()),
         other => other?,
     };
-    let have = principal.level_on(state, &run.experiment_id).await?;
-    if have < Level::Read {
-        return Err(not_found());
+    let held = Held {
+        experiment_id: &run.experiment_id,
+        created_by: run.created_by.as_deref(),
+    };
+    match require_held(state, principal, held, level, "run").await {
+        Err(Denied::NotFound(_)) => Err(not_found()),
+        other => other,
     }
-    if have < level {
-        return Err(Denied::Forbidden(format!(
-            "you need {} access to this run's experiment (you have {})",
+}
+
+/// A run or sweep, as far as the access check cares: where it is and who created it.
+#[derive(Debug, Clone, Copy)]
+struct Held<'a> {
+    experiment_id: &'a str,
+    created_by: Option<&'a str>,
+}
+
+/// The caller needs `level` on a run or sweep (`what`): a "not found" when it may not read it.
+async fn require_held(
+    state: &AppState,
+    principal: &Principal,
+    held: Held<'_>,
+    level: Level,
+    what: &str,
+) -> Result<(), Denied> {
+    let on_experiment = principal.level_on(state, held.experiment_id).await?;
+    if on_experiment < Level::Read {
+        return Err(Denied::NotFound(format!("{what} not found")));
+    }
+    if level <= Level::Read {
+        return Ok(());
+    }
+    let have = level_on_held(state, principal, held, on_experiment).await?;
+    if have >= level {
+        return Ok(());
+    }
+    let shared = held.experiment_id == policy::SHARED_EXPERIMENT_ID;
+    Err(Denied::Forbidden(if shared && have < on_experiment {
+        format!(
+            "this {what} is in the shared experiment `{DEFAULT_EXPERIMENT}`: only its \
+             creator, an administrator or someone granted {} access there may change it \
+             (you may read it)",
+            level.as_str()
+        )
+    } else {
+        format!(
+            "you need {} access to this {what}'s experiment (you have {})",
             level.as_str(),
             have.as_str()
-        )));
+        )
+    }))
+}
+
+/// The caller's level on a run or sweep whose experiment it has `on_experiment` on: the table
+/// of [`policy::run_level`]. The grants are read only where they matter (someone else's run
+/// in the shared experiment).
+async fn level_on_held(
+    state: &AppState,
+    principal: &Principal,
+    held: Held<'_>,
+    on_experiment: Level,
+) -> Result<Level, StoreError> {
+    if principal.is_admin() {
+        return Ok(on_experiment);
     }
-    Ok(())
+    let creator = held.created_by.is_some() && held.created_by == principal.user_id();
+    let shared = held.experiment_id == policy::SHARED_EXPERIMENT_ID;
+    let granted = match principal.user_id() {
+        Some(user) if shared && !creator && on_experiment > Level::Read => {
+            state.store.granted_level(user, held.experiment_id).await?
+        }
+        // Where it does not matter.
+        _ => on_experiment,
+    };
+    Ok(policy::run_level(
+        held.experiment_id,
+        policy::Standing {
+            experiment: on_experiment,
+            granted,
+            creator,
+        },
+    ))
+}
+
+/// The caller's level on a run (what pages use to offer its actions): [`policy::run_level`].
+pub async fn level_on_run(
+    state: &AppState,
+    principal: &Principal,
+    run: &crate::store::accounts::RunAccess,
+) -> Result<Level, StoreError> {
+    let on_experiment = principal.level_on(state, &run.experiment_id).await?;
+    let held = Held {
+        experiment_id: &run.experiment_id,
+        created_by: run.created_by.as_deref(),
+    };
+    level_on_held(state, principal, held, on_experiment).await
+}
+
+/// The caller's level on a sweep (what its page uses to offer its actions), as for a run.
+pub async fn level_on_sweep(
+    state: &AppState,
+    principal: &Principal,
+    sweep: &crate::store::sweeps::SweepRow,
+) -> Result<Level, StoreError> {
+    let on_experiment = principal.level_on(state, &sweep.experiment_id).await?;
+    let held = Held {
+        experiment_id: &sweep.experiment_id,
+        created_by: sweep.created_by.as_deref(),
+    };
+    level_on_held(state, principal, held, on_experiment).await
 }
 
 /// The caller needs `level` on the experiment; one it may not read is "not found".
@@ -177,6 +279,34 @@ pub async fn require_experiment(
         )));
     }
     Ok(())
+}
+
+/// The experiments where the caller has at least `level` (`None`: every one, for an
+/// administrator). A read-only token has nothing above READ.
+pub async fn experiments_at(
+    state: &AppState,
+    principal: &Principal,
+    level: Level,
+) -> Result<Option<Vec<String>>, StoreError> {
+    if principal.is_admin() {
+        return Ok(None);
+    }
+    let Some(user) = principal.user() else {
+        return Ok(Some(Vec::new()));
+    };
+    if level > Level::Read && !principal.may_write() {
+        return Ok(Some(Vec::new()));
+    }
+    Ok(Some(
+        state
+            .store
+            .experiment_levels(&user.id)
+            .await?
+            .into_iter()
+            .filter(|(_, have)| *have >= level)
+            .map(|(id, _)| id)
+            .collect(),
+    ))
 }
 
 /// Whether the caller may add runs to the experiment named (EDIT on an existing one; any

@@ -16,13 +16,15 @@ pub enum Rule {
     /// (run search, experiment list, the global event stream, compare), and a handler that acts
     /// on an experiment named in the body checks that experiment with [`crate::access::require`].
     SignedIn,
-    /// `{id}` is a run; the caller needs this level on its experiment.
+    /// `{id}` is a run; the caller needs this level on the run ([`run_level`]: its level on
+    /// the run's experiment, narrower on others' runs in the shared experiment).
     Run(Level),
     /// `{id}` is an experiment; the caller needs this level on it.
     Experiment(Level),
-    /// `{id}` is a sweep; the caller needs this level on its experiment.
+    /// `{id}` is a sweep; the caller needs this level on it ([`run_level`], as for a run).
     Sweep(Level),
-    /// `{id}` is a run that reports here: EDIT on its experiment, or that run's own token.
+    /// `{id}` is a run that reports here: EDIT on the run ([`run_level`]), or that run's own
+    /// token.
     Report,
     /// Instance administrators only.
     Admin,
@@ -35,10 +37,10 @@ pub enum Rule {
 /// What an [`Rule::InRequest`] route acts on, and the level it needs there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
-    /// A run named by its id; the caller needs this level on its experiment.
+    /// A run named by its id; the caller needs this level on the run ([`run_level`]).
     Run(Level),
-    /// A run that reports here (its metrics, params, tags, status, artifacts): EDIT on its
-    /// experiment, or that run's own token.
+    /// A run that reports here (its metrics, params, tags, status, artifacts): EDIT on the run
+    /// ([`run_level`]), or that run's own token.
     Report,
     /// An experiment named by its id or name.
     Experiment(Level),
@@ -53,6 +55,51 @@ impl Target {
             Target::Experiment(level) => Rule::Experiment(level),
         }
     }
+}
+
+/// The id of the shared experiment (`store::DEFAULT_EXPERIMENT`): runs land there when no
+/// experiment is named, and every signed-in user has EDIT on it through its default level.
+pub const SHARED_EXPERIMENT_ID: &str = "0";
+
+/// How a caller stands towards one run (or sweep): what [`run_level`] decides from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// The caller's level on the run's experiment, from every source (its default level too).
+    pub experiment: Level,
+    /// The part of it given to the caller in particular: as the experiment's owner, through a
+    /// grant to the user or to one of its teams (not the experiment's default level).
+    pub granted: Level,
+    /// Whether the caller created the run (or sweep).
+    pub creator: bool,
+}
+
+/// The caller's level on one run (or sweep) of an experiment, what [`Rule::Run`],
+/// [`Rule::Report`] and [`Rule::Sweep`] compare with. Administrators have every level and never
+/// get here.
+///
+/// | experiment | caller | level on the run |
+/// |---|---|---|
+/// | any but the shared one | anyone | its level on the experiment |
+/// | shared (`Default`) | the run's creator | MANAGE when its level there is EDIT or more (it may delete its own run), else that level |
+/// | shared (`Default`) | anyone else | READ, or what a grant to them (or their team, or owning it) gives, whichever is higher |
+///
+/// So in the shared experiment everyone's EDIT (its default level) adds runs and reads every
+/// run, and changing someone else's run (stop, resume, tags, notes, status, metrics, delete)
+/// takes a grant. A read-only token's cap on `experiment` caps the result too.
+pub fn run_level(experiment_id: &str, s: Standing) -> Level {
+    if experiment_id != SHARED_EXPERIMENT_ID {
+        return s.experiment;
+    }
+    if s.creator {
+        return if s.experiment >= Level::Edit {
+            Level::Manage
+        } else {
+            s.experiment
+        };
+    }
+    s.experiment
+        .min(Level::Read)
+        .max(s.granted.min(s.experiment))
 }
 
 /// `(method, route pattern as registered, rule)`. `GET` rows also cover `HEAD`.
@@ -437,6 +484,45 @@ mod tests {
         );
         assert_eq!(rule(&Method::PUT, "/runs/{id}"), None);
         assert_eq!(rule(&Method::GET, "/nowhere"), None);
+    }
+
+    #[test]
+    fn in_the_shared_experiment_only_creators_and_grantees_change_a_run() {
+        use Level::{Edit, Manage, Read};
+        const NO: Level = Level::None;
+        let standing = |experiment, granted, creator| Standing {
+            experiment,
+            granted,
+            creator,
+        };
+        // (experiment, level there, granted part, creator) -> level on the run.
+        let cases = [
+            // Elsewhere the experiment's level is the run's, whoever created it.
+            ("7", Edit, NO, false, Edit),
+            ("7", Edit, Edit, true, Edit),
+            ("7", NO, NO, false, NO),
+            // Everyone's default EDIT on the shared experiment only reads others' runs.
+            (SHARED_EXPERIMENT_ID, Edit, NO, false, Read),
+            // A grant (own, team's, as owner) is what it says.
+            (SHARED_EXPERIMENT_ID, Edit, Edit, false, Edit),
+            (SHARED_EXPERIMENT_ID, Manage, Manage, false, Manage),
+            (SHARED_EXPERIMENT_ID, Edit, Read, false, Read),
+            // Its creator may also delete it.
+            (SHARED_EXPERIMENT_ID, Edit, NO, true, Manage),
+            // A read-only token (its level capped at READ) reads, creator or not.
+            (SHARED_EXPERIMENT_ID, Read, NO, true, Read),
+            (SHARED_EXPERIMENT_ID, Read, Manage, false, Read),
+            // No access to the experiment: none to its runs.
+            (SHARED_EXPERIMENT_ID, NO, NO, false, NO),
+            (SHARED_EXPERIMENT_ID, NO, NO, true, NO),
+        ];
+        for (experiment, level, granted, creator, want) in cases {
+            assert_eq!(
+                run_level(experiment, standing(level, granted, creator)),
+                want,
+                "{experiment} {level:?} granted {granted:?} creator {creator}"
+            );
+        }
     }
 
     #[test]

@@ -194,6 +194,8 @@ pub struct RunAccess {
     pub status: RunStatus,
     /// Whether the run is (soft-)deleted.
     pub deleted: bool,
+    /// The id of the user who created it (none for the admin token or the local user).
+    pub created_by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
@@ -314,6 +316,9 @@ pub trait Accounts: Send + Sync {
     /// (MANAGE), the user's own grant, its teams' grants and the experiment's default level.
     async fn experiment_levels(&self, user_id: &str) -> StoreResult<BTreeMap<String, Level>>;
     async fn experiment_level(&self, user_id: &str, experiment_id: &str) -> StoreResult<Level>;
+    /// The part of the user's level on the experiment given to them in particular: owner
+    /// (MANAGE), the user's own grant and its teams' grants, not the experiment's default level.
+    async fn granted_level(&self, user_id: &str, experiment_id: &str) -> StoreResult<Level>;
     async fn run_access(&self, run_id: &str) -> StoreResult<RunAccess>;
     /// Deletes a run with everything stored of it (points, tags, params, events, tokens).
     async fn delete_run(&self, run_id: &str) -> StoreResult<()>;

@@ -1,15 +1,22 @@
 //! The launch page: pick a profile, edit its YAML, add overrides and a GPU count, submit. The
 //! form becomes the same `LaunchRequest` the API takes and goes through the same
 //! `actions::launch_run`; a refusal is shown inline at the YAML line of the key it names.
+//! The experiment is asked for, and starts as the one the user launched into last, so runs do
+//! not pile up in the shared `Default` experiment.
 
 use super::views::*;
 use super::{html, PageError, PageResult};
 use crate::access::audit::Actor;
+use crate::access::Principal;
 use crate::actions::{self, LaunchRequest, Resources};
 use crate::app::AppState;
+use crate::store::accounts::Level;
+use crate::store::filter::{Attribute, CmpOp, Condition, Expr, Field, Filter, Literal, Predicate};
+use crate::store::{Lifecycle, RunQuery, SortDir, SortKey, StoreResult, DEFAULT_EXPERIMENT};
 use axum::extract::{Form, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect};
+use axum::Extension;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -53,7 +60,61 @@ pub struct ProfileParams {
     profile: Option<String>,
 }
 
-pub async fn form(Query(p): Query<ProfileParams>) -> PageResult {
+/// The experiments the caller may launch into (EDIT or more), by name, and the one the form
+/// starts with: that of the caller's most recent run among them, else `Default`.
+async fn experiment_choices(
+    state: &AppState,
+    principal: &Principal,
+) -> StoreResult<(Vec<String>, String)> {
+    let editable = crate::access::experiments_at(state, principal, Level::Edit).await?;
+    let mut experiments = state.store.list_experiments(Lifecycle::Active).await?;
+    if let Some(ids) = &editable {
+        experiments.retain(|e| ids.contains(&e.id));
+    }
+    let mine = principal.user().and_then(|user| {
+        Filter::from_expr(Expr::Cond(Condition {
+            field: Field::Attribute(Attribute::User),
+            predicate: Predicate::Compare {
+                op: CmpOp::Eq,
+                value: Literal::Text(user.name.clone()),
+            },
+        }))
+        .ok()
+    });
+    let mut last = None;
+    if let Some(filter) = mine {
+        let newest = RunQuery {
+            experiment_id: None,
+            status: None,
+            tag: None,
+            filter: Some(filter),
+            sort: SortKey::CreatedAt,
+            dir: SortDir::Desc,
+            limit: 1,
+            cursor: None,
+            visible_experiments: Some(experiments.iter().map(|e| e.id.clone()).collect()),
+            lifecycle: Lifecycle::Active,
+        };
+        let page = state.store.search_runs(&newest).await?;
+        last = page.runs.first().and_then(|run| {
+            experiments
+                .iter()
+                .find(|e| e.id == run.experiment_id)
+                .map(|e| e.name.clone())
+        });
+    }
+    let names = experiments.into_iter().map(|e| e.name).collect();
+    Ok((
+        names,
+        last.unwrap_or_else(|| DEFAULT_EXPERIMENT.to_string()),
+    ))
+}
+
+pub async fn form(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Query(p): Query<ProfileParams>,
+) -> PageResult {
     let profile = p.profile.unwrap_or_else(|| DEFAULT_PROFILE.to_string());
     let Some((_, yaml)) = profiles().iter().find(|(n, _)| *n == profile) else {
         let names: Vec<&str> = profiles().iter().map(|(n, _)| *n).collect();
@@ -62,12 +123,14 @@ pub async fn form(Query(p): Query<ProfileParams>) -> PageResult {
             names.join(", ")
         )));
     };
+    let (experiments, last) = experiment_choices(&state, &principal).await?;
     html(LaunchPage {
         nav: "launch",
         profiles: profile_choices(&profile),
+        experiments,
         form: LaunchForm {
             profile: profile.clone(),
-            experiment: "Default".to_string(),
+            experiment: last,
             name: String::new(),
             gpus: 0,
             yaml: yaml.to_string(),
@@ -147,7 +210,7 @@ fn request_of(f: &LaunchFields) -> Result<LaunchRequest, Problem> {
         })?,
     };
     let experiment = match f.experiment.trim() {
-        "" => crate::store::DEFAULT_EXPERIMENT,
+        "" => DEFAULT_EXPERIMENT,
         e => e,
     };
     Ok(LaunchRequest {
@@ -190,9 +253,11 @@ pub async fn submit(
     } else {
         f.profile.clone()
     };
+    let (experiments, _) = experiment_choices(&state, &actor.principal).await?;
     let page = LaunchPage {
         nav: "launch",
         profiles: profile_choices(&profile),
+        experiments,
         annotated: annotate_yaml(&f.yaml, problem.line, &problem.message),
         yaml_error_line: problem.line,
         error: Some(problem.message),

@@ -26,8 +26,13 @@ pub(super) async fn run_page(
 ) -> PageResult {
     check_run_id(&id)?;
     let run = state.store.get_run(&id).await?;
+    // The actions offered are those the access check would let through for this run (in the
+    // shared experiment, others' runs are read-only).
     let level = match principal.may_write() {
-        true => principal.level_on(&state, &run.experiment_id).await?,
+        true => {
+            let access = state.store.run_access(&id).await?;
+            crate::access::level_on_run(&state, &principal, &access).await?
+        }
         false => Level::Read,
     };
     let (can_edit, can_manage) = (level >= Level::Edit, level >= Level::Manage);

@@ -221,8 +221,13 @@ pub(super) async fn sweep_page(
     Path(id): Path<String>,
 ) -> PageResult {
     let d = view::detail(&state, &id).await?;
+    // The actions offered are those the access check would let through (in the shared
+    // experiment, others' sweeps are read-only).
     let level = match principal.may_write() {
-        true => principal.level_on(&state, &d.summary.experiment_id).await?,
+        true => {
+            let row = state.store.get_sweep(&id).await?;
+            crate::access::level_on_sweep(&state, &principal, &row).await?
+        }
         false => Level::Read,
     };
     let experiment = match state.store.get_experiment(&d.summary.experiment_id).await {

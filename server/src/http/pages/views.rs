@@ -285,6 +285,8 @@ pub struct AnnotatedLine {
 pub struct LaunchPage {
     pub nav: &'static str,
     pub profiles: Vec<Choice>,
+    /// Names of the experiments the caller may launch into (a new name creates one).
+    pub experiments: Vec<String>,
     pub form: LaunchForm,
     pub error: Option<String>,
     pub yaml_error_line: Option<usize>,

@@ -487,9 +487,20 @@ impl Accounts for SqlStore {
             .unwrap_or(Level::None))
     }
 
+    async fn granted_level(&self, user_id: &str, experiment_id: &str) -> StoreResult<Level> {
+        Ok(self
+            .granted_sources(user_id, experiment_id)
+            .await?
+            .into_iter()
+            .max()
+            .unwrap_or(Level::None))
+    }
+
     async fn run_access(&self, run_id: &str) -> StoreResult<RunAccess> {
-        let q = Sql::new("SELECT experiment_id, status, deleted_at FROM runs WHERE id = $1")
-            .bind(run_id);
+        let q = Sql::new(
+            "SELECT experiment_id, status, deleted_at, created_by FROM runs WHERE id = $1",
+        )
+        .bind(run_id);
         let row = self
             .reader()
             .await?
@@ -501,6 +512,7 @@ impl Accounts for SqlStore {
             experiment_id: row.get(0)?,
             status: parse_status(&status)?,
             deleted: row.get::<Option<i64>>(2)?.is_some(),
+            created_by: row.get(3)?,
         })
     }
 

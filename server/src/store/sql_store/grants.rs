@@ -46,6 +46,32 @@ impl SqlStore {
             .collect()
     }
 
+    /// The levels given to the user in particular on one experiment (as its owner, its own
+    /// grant, its teams' grants): `level_sources` without the experiment's default level.
+    pub(super) async fn granted_sources(
+        &self,
+        user_id: &str,
+        experiment_id: &str,
+    ) -> StoreResult<Vec<Level>> {
+        let q = Sql::new(
+            "SELECT 'manage' FROM experiments WHERE owner_id = $1 AND id = $2 \
+             UNION ALL SELECT level FROM experiment_grants \
+               WHERE subject_kind = 'user' AND subject_id = $1 AND experiment_id = $2 \
+             UNION ALL SELECT g.level FROM experiment_grants g \
+               JOIN team_members m ON g.subject_kind = 'team' AND g.subject_id = m.team_id \
+               WHERE m.user_id = $1 AND g.experiment_id = $2",
+        )
+        .bind(user_id)
+        .bind(experiment_id);
+        let rows = self.reader().await?.fetch_all(q).await?;
+        rows.iter()
+            .map(|r| {
+                let text: String = r.get(0)?;
+                level(&text)
+            })
+            .collect()
+    }
+
     pub(super) async fn insert_owned_experiment(
         &self,
         name: &str,

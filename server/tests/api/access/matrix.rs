@@ -13,7 +13,7 @@ use super::{accounts, add_user, admin, raw_client, send, sign_in, Auth};
 use crate::helpers::TestApp;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(super) enum Role {
     Anonymous,
     Outsider,
     Reader,
@@ -27,18 +27,18 @@ enum Role {
 
 /// What a caller got: through, asked to sign in, refused, or told the target does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+pub(super) enum Outcome {
     Allowed,
     SignIn,
     Forbidden,
     Hidden,
 }
 
-struct World {
-    experiment: String,
-    run: String,
-    sweep: String,
-    callers: Vec<(Role, Auth)>,
+pub(super) struct World {
+    pub(super) experiment: String,
+    pub(super) run: String,
+    pub(super) sweep: String,
+    pub(super) callers: Vec<(Role, Auth)>,
 }
 
 impl Role {
@@ -216,7 +216,7 @@ fn concrete_mlflow(pattern: &str, w: &World) -> String {
 }
 
 /// The concrete path for a route pattern in this world.
-fn concrete(pattern: &str, w: &World) -> String {
+pub(super) fn concrete(pattern: &str, w: &World) -> String {
     if is_mlflow(pattern) {
         return concrete_mlflow(pattern, w);
     }
@@ -256,6 +256,17 @@ fn concrete(pattern: &str, w: &World) -> String {
 
 /// What the rule promises a role (`write`: the method changes something).
 fn expected(rule: Rule, role: Role, write: bool, run_named: bool) -> Outcome {
+    expected_at(rule, role, role.level(), write, run_named)
+}
+
+/// What the rule promises a role whose level on the route's target is `have`.
+pub(super) fn expected_at(
+    rule: Rule,
+    role: Role,
+    have: Level,
+    write: bool,
+    run_named: bool,
+) -> Outcome {
     if rule == Rule::Public {
         return Outcome::Allowed;
     }
@@ -286,7 +297,6 @@ fn expected(rule: Rule, role: Role, write: bool, run_named: bool) -> Outcome {
         Rule::Run(level) | Rule::Experiment(level) | Rule::Sweep(level) => level,
         Rule::Report => Level::Edit,
     };
-    let have = role.level();
     if have < Level::Read {
         Outcome::Hidden
     } else if have < needed {
@@ -330,7 +340,7 @@ fn body_for(method: &Method, pattern: &str, page: bool, w: &World) -> Option<Str
     })
 }
 
-async fn outcome(
+pub(super) async fn outcome(
     app: &TestApp,
     w: &World,
     auth: &Auth,
@@ -418,7 +428,7 @@ async fn outcome(
     (got, said)
 }
 
-fn deletes(method: &Method, pattern: &str) -> bool {
+pub(super) fn deletes(method: &Method, pattern: &str) -> bool {
     (*method == Method::DELETE && pattern == "/api/v1/runs/{id}")
         || (*method == Method::POST && pattern == "/runs/{id}/delete")
 }
@@ -436,7 +446,7 @@ async fn disposable_run(app: &TestApp, w: &World) -> String {
 }
 
 /// Routes whose call would end the caller's own session; they are checked in `sessions.rs`.
-fn ends_the_session(method: &Method, pattern: &str) -> bool {
+pub(super) fn ends_the_session(method: &Method, pattern: &str) -> bool {
     (*method == Method::DELETE && pattern == "/api/v1/session")
         || (*method == Method::POST && pattern == "/sign-out")
 }

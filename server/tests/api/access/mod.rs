@@ -7,6 +7,7 @@ mod matrix;
 mod names;
 mod secrets;
 mod sessions;
+mod shared_default;
 mod sign_in_next;
 mod tokens;
 mod upgrade;
