@@ -170,6 +170,10 @@ pub struct AppState {
     pub throttle: Arc<crate::access::throttle::Throttle>,
     /// The controllers of running sweeps.
     pub sweeps: Arc<crate::sweeps::SweepHub>,
+    /// Hugging Face exports: shared per run, bounded per principal (`checkpoints::exports`).
+    pub exports: Arc<crate::checkpoints::exports::Exports>,
+    /// The pool chart images are rendered in (`http::api::charts::pool`).
+    pub chart_pool: Arc<crate::http::api::charts::pool::ChartPool>,
 }
 
 impl AppState {
@@ -195,6 +199,8 @@ impl AppState {
             liveness: Arc::new(crate::liveness::Liveness::new(settings.lost_after)),
             throttle: Arc::default(),
             sweeps: Arc::new(crate::sweeps::SweepHub::new(crate::sweeps::POLL)),
+            exports: Arc::default(),
+            chart_pool: Arc::default(),
             settings: Arc::new(settings),
             launcher,
         }

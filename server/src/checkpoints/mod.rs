@@ -4,6 +4,7 @@
 //! (`trainer::checkpoint`).
 
 pub mod archive;
+pub mod exports;
 
 use std::path::{Path, PathBuf};
 

@@ -102,3 +102,71 @@ async fn a_dpo_runs_preference_metrics_get_charts_of_their_own() {
         .collect();
     assert_eq!(charts, want);
 }
+
+#[tokio::test]
+async fn a_chart_larger_than_the_size_cap_is_refused_naming_the_parameter() {
+    use trainyard::http::api::charts::MAX_CHART_PX;
+    let app = spawn_app().await;
+    let id = app.create_run("sizes").await;
+    app.post_points(&id, &[("train/loss", 1, 2.0), ("train/loss", 2, 1.5)])
+        .await;
+    let chart = |query: String| format!("/api/v1/runs/{id}/charts/train/loss.png?{query}");
+    let over = MAX_CHART_PX + 1;
+    for (query, field) in [
+        (format!("width={over}"), "width"),
+        (format!("height={over}"), "height"),
+        ("width=4000&height=4000".to_string(), "width"),
+    ] {
+        let response = app.get(&chart(query.clone())).await;
+        assert_eq!(response.status().as_u16(), 400, "{query}");
+        let body: serde_json::Value = response.json().await.expect("json");
+        assert_eq!(body["error"]["field"], field, "{query}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&MAX_CHART_PX.to_string()), "{message}");
+    }
+    let compare = format!("/api/v1/charts/compare.png?runs={id}&key=train/loss&height={over}");
+    assert_eq!(app.get(&compare).await.status().as_u16(), 400);
+    let largest = app
+        .get(&chart(format!(
+            "width={MAX_CHART_PX}&height={MAX_CHART_PX}"
+        )))
+        .await;
+    assert_eq!(largest.status().as_u16(), 200);
+}
+
+#[tokio::test]
+async fn a_chart_request_past_the_render_pools_places_gets_503_with_retry_after() {
+    use trainyard::http::api::charts::pool::CHART_RETRY_AFTER_S;
+    let app = spawn_app().await;
+    let id = app.create_run("pool").await;
+    app.post_points(&id, &[("train/loss", 1, 2.0)]).await;
+    let pool = &app.state.chart_pool;
+    assert_eq!(
+        pool.permits(),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "one render permit per core"
+    );
+    // Every place taken (as by that many requests rendering or waiting).
+    let held: Vec<_> = (0..pool.capacity())
+        .map(|_| pool.admit().expect("a free place"))
+        .collect();
+    for path in [
+        format!("/api/v1/runs/{id}/charts/train/loss.png"),
+        format!("/api/v1/charts/compare.svg?runs={id}&key=train/loss"),
+    ] {
+        let response = app.get(&path).await;
+        assert_eq!(response.status().as_u16(), 503, "{path}");
+        assert_eq!(
+            response.headers()["retry-after"].to_str().expect("ascii"),
+            CHART_RETRY_AFTER_S.to_string()
+        );
+        let body: serde_json::Value = response.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    }
+    drop(held);
+    let response = app
+        .get(&format!("/api/v1/runs/{id}/charts/train/loss.png"))
+        .await;
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(pool.idle_permits(), pool.permits(), "the permit came back");
+}

@@ -365,3 +365,125 @@ async fn a_launched_run_offers_its_hugging_face_download_once_finished_and_a_lau
         assert!(message.contains(needle), "{written}: {message}");
     }
 }
+
+/// A model whose export (about 25 MB) is more than the sockets between a server and an unread
+/// client buffer, so an unread download stays open on the server.
+fn large_model() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 256,
+        d_model: 512,
+        n_layers: 2,
+        n_heads: 8,
+        d_ff: 2048,
+        max_seq_len: 32,
+        ..ModelConfig::default()
+    }
+}
+
+/// Bytes of the files under `dir`, and the export folders directly in it.
+fn disk_use(dir: &Path) -> (u64, usize) {
+    fn bytes(dir: &Path) -> u64 {
+        std::fs::read_dir(dir).map_or(0, |entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+    }
+    let folders = std::fs::read_dir(dir).map_or(0, |entries| entries.flatten().count());
+    (bytes(dir), folders)
+}
+
+#[tokio::test]
+async fn unread_downloads_of_a_run_share_one_export_and_one_past_the_bound_is_told_to_wait() {
+    use trainyard::checkpoints::exports::{EXPORT_RETRY_AFTER_S, MAX_EXPORTS_PER_PRINCIPAL};
+    let app = spawn_app().await;
+    let scratch = tempfile::tempdir().expect("scratch");
+    let id = app.create_run("export-bounds").await;
+    let run_dir = app.state.launcher.run_dir(&id);
+    write_checkpoint(&run_dir, large_model(), &scratch.path().join("cache"));
+    set_status(&app, &id, "running").await;
+    set_status(&app, &id, "finished").await;
+    let path = format!("/api/v1/runs/{id}/export/hf");
+
+    // As many downloads as one credential may have open, none of them read.
+    let mut open = Vec::new();
+    for _ in 0..MAX_EXPORTS_PER_PRINCIPAL {
+        let response = app.get(&path).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        open.push(response);
+    }
+    let archive_len: u64 = open[0].headers()["content-length"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("a number");
+    let (bytes, folders) = disk_use(&run_dir.join(".exports"));
+    assert_eq!(folders, 1, "one export for every open download");
+    assert!(
+        bytes > 0 && bytes <= archive_len,
+        "{bytes} bytes on disk; one export is {archive_len}"
+    );
+
+    // One more is refused at once, with when to retry, and writes nothing.
+    let refused = app.get(&path).await;
+    assert_eq!(
+        refused.headers()["retry-after"].to_str().expect("ascii"),
+        EXPORT_RETRY_AFTER_S.to_string()
+    );
+    let error = assert_error(
+        refused,
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_requests",
+        None,
+    )
+    .await;
+    let message = error["message"].as_str().unwrap_or_default();
+    let bound = format!("at most {MAX_EXPORTS_PER_PRINCIPAL}");
+    assert!(message.contains(&bound), "{message}");
+    assert_eq!(disk_use(&run_dir.join(".exports")), (bytes, 1));
+
+    // Once the downloads are gone, their export is removed and the credential may export again.
+    drop(open);
+    assert_eq!(exports_left(&run_dir).await, Vec::<String>::new());
+    let into = scratch.path().join("after");
+    std::fs::create_dir(&into).expect("dir");
+    let unpacked = download_export(&app, &id, &into).await;
+    assert_eq!(names_in(&unpacked), HF_FILES);
+}
+
+#[tokio::test]
+async fn an_export_the_disk_has_no_room_for_is_refused_with_507_before_anything_is_written() {
+    let app = spawn_app().await;
+    let scratch = tempfile::tempdir().expect("scratch");
+    let id = app.create_run("export-disk").await;
+    let run_dir = app.state.launcher.run_dir(&id);
+    write_checkpoint(&run_dir, small_model(), &scratch.path().join("cache"));
+    set_status(&app, &id, "running").await;
+    set_status(&app, &id, "finished").await;
+    let margin = app.state.exports.free_margin();
+    assert_eq!(margin, trainyard::checkpoints::exports::FREE_MARGIN_BYTES);
+
+    // A margin no disk has: every export is "short" of space.
+    app.state.exports.set_free_margin(u64::MAX / 2);
+    let response = app.get(&format!("/api/v1/runs/{id}/export/hf")).await;
+    assert!(response.headers().contains_key("retry-after"));
+    let error = assert_error(
+        response,
+        StatusCode::INSUFFICIENT_STORAGE,
+        "insufficient_storage",
+        None,
+    )
+    .await;
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(message.contains("not enough disk space"), "{message}");
+    assert_eq!(disk_use(&run_dir.join(".exports")).0, 0);
+
+    app.state.exports.set_free_margin(0);
+    let unpacked = download_export(&app, &id, scratch.path()).await;
+    assert_eq!(names_in(&unpacked), HF_FILES);
+}

@@ -6,6 +6,7 @@
 
 pub mod axis;
 pub mod layout;
+pub mod pool;
 pub mod render;
 
 use axum::extract::{Path, State};
@@ -59,11 +60,11 @@ impl IntoResponse for ChartError {
 #[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ChartParams {
-    /// Image width in pixels, 100 to 4000 (default 800).
-    #[param(value_type = Option<u32>, minimum = 100, maximum = 4000)]
+    /// Image width in pixels, 100 to 2000 (default 800).
+    #[param(value_type = Option<u32>, minimum = 100, maximum = 2000)]
     pub width: Option<String>,
-    /// Image height in pixels, 100 to 4000 (default 400).
-    #[param(value_type = Option<u32>, minimum = 100, maximum = 4000)]
+    /// Image height in pixels, 100 to 2000 (default 400).
+    #[param(value_type = Option<u32>, minimum = 100, maximum = 2000)]
     pub height: Option<String>,
     /// Points read per line, 2 to 100000 (default: twice the width). Longer series are
     /// downsampled keeping each bucket's min and max.
@@ -79,6 +80,12 @@ pub struct ChartParams {
     #[param(value_type = Option<bool>)]
     pub log: Option<String>,
 }
+
+/// The largest width and height of a rendered chart, in pixels: a PNG of 2000×2000 holds a
+/// 12 MB pixel buffer while it is drawn.
+pub const MAX_CHART_PX: i64 = 2000;
+/// The smallest.
+pub const MIN_CHART_PX: i64 = 100;
 
 /// The parsed, checked [`ChartParams`].
 #[derive(Debug, Clone, Copy)]
@@ -120,8 +127,13 @@ fn int_in(
 impl ChartParams {
     pub fn check(&self) -> Result<ChartOptions, ChartError> {
         let px = |field, text: &Option<String>, default| {
-            int_in(field, text.as_deref(), 100..=4000, " pixels")
-                .map(|v| v.map_or(default, |n| n as u32))
+            int_in(
+                field,
+                text.as_deref(),
+                MIN_CHART_PX..=MAX_CHART_PX,
+                " pixels",
+            )
+            .map(|v| v.map_or(default, |n| n as u32))
         };
         let size = (
             px("width", &self.width, 800)?,
@@ -207,12 +219,27 @@ fn image_response(format: Format, bytes: Vec<u8>) -> Response {
         .into_response()
 }
 
-async fn render_blocking(
+/// A place in the render pool, or a 503 asking the client to retry shortly.
+fn admit(state: &AppState) -> Result<pool::Admitted, ApiError> {
+    state
+        .chart_pool
+        .admit()
+        .map_err(|busy| ApiError::Unavailable {
+            message: busy.to_string(),
+            retry_after: pool::CHART_RETRY_AFTER_S,
+        })
+}
+
+async fn render_pooled(
+    state: &AppState,
+    admitted: pool::Admitted,
     chart: Chart,
     size: (u32, u32),
     format: Format,
 ) -> Result<Vec<u8>, ChartError> {
-    tokio::task::spawn_blocking(move || render(&chart, size, format))
+    state
+        .chart_pool
+        .render(admitted, move || render(&chart, size, format))
         .await
         .map_err(|e| ChartError::Render(e.to_string()))?
 }
@@ -271,7 +298,11 @@ struct CompareChartPath {
             (String = "image/svg+xml"),
             (String = "image/png"),
         )),
+        (status = 400, description = "A bad parameter, named in `field` (`width` and \
+            `height` are 100 to 2000 pixels)", body = ErrorBody),
         (status = 404, description = "Unknown run", body = ErrorBody),
+        (status = 503, description = "The render pool is full; retry after `Retry-After` \
+            seconds", body = ErrorBody),
     ))]
 #[tracing::instrument(skip(state, params))]
 pub async fn run_chart(
@@ -287,6 +318,7 @@ pub async fn run_chart(
     })?;
     let options = params.check()?;
     let run = state.store.get_run(&id).await?;
+    let admitted = admit(&state)?;
     let series = read_line(&state.store, &id, key, &options).await?;
     let chart = Chart {
         title: format!("{} · {}", run.name, key),
@@ -294,7 +326,7 @@ pub async fn run_chart(
         log_y: options.log,
         x_unit: XUnit::of(key),
     };
-    let bytes = render_blocking(chart, options.size, format).await?;
+    let bytes = render_pooled(&state, admitted, chart, options.size, format).await?;
     Ok(image_response(format, bytes))
 }
 
@@ -315,7 +347,10 @@ pub struct CompareParams {
             (String = "image/svg+xml"),
             (String = "image/png"),
         )),
+        (status = 400, description = "A bad parameter, named in `field`", body = ErrorBody),
         (status = 404, description = "One of the runs does not exist", body = ErrorBody),
+        (status = 503, description = "The render pool is full; retry after `Retry-After` \
+            seconds", body = ErrorBody),
     ))]
 #[tracing::instrument(skip(state, compare, params))]
 pub async fn compare_chart(
@@ -352,10 +387,13 @@ pub async fn compare_chart(
         return Err(invalid("runs", "give 1 to 32 comma-separated run ids".into()).into());
     }
     let options = params.check()?;
+    // Every run compared is checked like a run route: one not readable is "not found".
+    for id in &ids {
+        crate::access::require_run(&state, &principal, id, Level::Read).await?;
+    }
+    let admitted = admit(&state)?;
     let mut lines = Vec::with_capacity(ids.len());
     for id in ids {
-        // Every run compared is checked like a run route: one not readable is "not found".
-        crate::access::require_run(&state, &principal, id, Level::Read).await?;
         let run = state.store.get_run(id).await?;
         let series = read_line(&state.store, id, key, &options).await?;
         lines.push(series_line(&run.name, &series));
@@ -366,7 +404,7 @@ pub async fn compare_chart(
         log_y: options.log,
         x_unit: XUnit::of(key),
     };
-    let bytes = render_blocking(chart, options.size, format).await?;
+    let bytes = render_pooled(&state, admitted, chart, options.size, format).await?;
     Ok(image_response(format, bytes))
 }
 
@@ -383,7 +421,7 @@ mod tests {
                     ..Default::default()
                 },
                 "width",
-                "from 100 to 4000 pixels",
+                "from 100 to 2000 pixels",
             ),
             (
                 ChartParams {

@@ -1,24 +1,30 @@
 //! A finished run's model as a Hugging Face `transformers` directory, downloaded as a tar
 //! archive. The trainer's exporter (what `trainyard export --format hf RUN_DIR OUT_DIR` runs)
 //! writes the run's best, else latest, checkpoint, LoRA adapters merged, into a directory of
-//! its own inside the run directory; the archive is streamed from there like a checkpoint's, and
-//! the directory is removed when the download ends. Nothing in the request names a path: the run
-//! id picks the run directory, the trainer's layout picks the checkpoint.
+//! its own inside the run directory; the archive is streamed from there like a checkpoint's.
+//! Nothing in the request names a path: the run id picks the run directory, the trainer's
+//! layout picks the checkpoint.
+//!
+//! What a client can make the server hold is bounded (`checkpoints::exports`): downloads of a
+//! run that overlap share one export directory, removed when the last of them ends; a
+//! principal has at most a few downloads open (429); an export the disk has no room for is
+//! refused (507).
 
-use std::path::{Path as FsPath, PathBuf};
-use std::sync::{Arc, LazyLock};
+use std::path::Path as FsPath;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
-use tokio::sync::Semaphore;
+use axum::{Extension, Router};
 use tracing::instrument;
 
+use crate::access::Principal;
 use crate::app::AppState;
+use crate::checkpoints::exports::{ExportError, Made, EXPORT_RETRY_AFTER_S};
 use crate::checkpoints::{self, archive};
+use crate::http::access::Client;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::store::RunStatus;
 
@@ -28,22 +34,6 @@ const EXPORTS_DIR: &str = ".exports";
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/runs/{id}/export/hf", get(export_hf))
-}
-
-/// One export at a time: it loads the whole model on the server's CPU and writes it out again.
-static EXPORTING: LazyLock<Arc<Semaphore>> = LazyLock::new(|| Arc::new(Semaphore::new(1)));
-
-/// Removes an export's directory once its download is over (finished, cancelled or failed).
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(dir = %self.0.display(), error = %e, "could not remove an export");
-            }
-        }
-    }
 }
 
 /// Why a run has no export to offer, in words for the client; `None` when it has one.
@@ -63,30 +53,70 @@ fn refusal(id: &str, status: RunStatus, has_checkpoint: bool) -> Option<String> 
     None
 }
 
-/// What the export of the checkpoint in `dir` gave.
-enum Exported {
-    Files(Vec<(String, PathBuf, u64)>),
-    /// The model fits no `transformers` architecture: the reason.
-    Refused(String),
+/// Who the bound on open exports counts against: a user (all their sessions and tokens
+/// together), the admin token, the local user, a run's token, or an anonymous client address.
+fn principal_key(principal: &Principal, client: &Client) -> String {
+    match principal {
+        Principal::Local => "local".to_string(),
+        Principal::AdminToken => "admin-token".to_string(),
+        Principal::User { user, .. } => format!("user:{}", user.id),
+        Principal::Run { run_id } => format!("run:{run_id}"),
+        Principal::Anonymous => format!("anonymous:{}", client.0.as_deref().unwrap_or("?")),
+    }
+}
+
+/// Bytes the export of the checkpoint the run in `run_dir` exports will take, at most: its
+/// weights as f32 (four bytes per parameter the run reported, and at least twice the
+/// checkpoint's weights file, which may hold 16-bit floats) and its tokenizer twice (the
+/// tokenizer files), plus 64 KiB for `config.json`.
+fn expected_size(run_dir: &FsPath, params: Option<f64>) -> anyhow::Result<u64> {
+    use trainer::checkpoint::{MODEL_FILE, TOKENIZER_FILE};
+    let source = trainer::checkpoint::resolve_for_reading(run_dir)?;
+    let len = |name: &str| std::fs::metadata(source.join(name)).map_or(0, |m| m.len());
+    let reported = params
+        .filter(|p| p.is_finite() && *p > 0.0)
+        .map_or(0, |p| (p * 4.0).min(u64::MAX as f64) as u64);
+    let weights = len(MODEL_FILE).saturating_mul(2).max(reported);
+    Ok(weights
+        .saturating_add(len(TOKENIZER_FILE).saturating_mul(2))
+        .saturating_add(64 * 1024))
 }
 
 /// Exports the run's best (else latest) checkpoint into `out` (blocking).
-fn export(run_dir: &FsPath, out: &FsPath) -> anyhow::Result<Exported> {
+fn export(run_dir: &FsPath, out: &FsPath) -> anyhow::Result<Made> {
     let source = trainer::checkpoint::resolve_for_reading(run_dir)?;
     let config = trainer::checkpoint::read_config(&source)?;
     if let Err(why) = trainer::hf::arch_for(&config.model) {
-        return Ok(Exported::Refused(format!(
+        return Ok(Made::Refused(format!(
             "this run's model cannot be exported to Hugging Face format: {why}"
         )));
     }
     trainer::hf::export::export(&source, out, true)?;
-    Ok(Exported::Files(archive::files(out)?))
+    Ok(Made::Files(archive::files(out)?))
+}
+
+impl From<ExportError> for ApiError {
+    fn from(e: ExportError) -> Self {
+        match e {
+            ExportError::Busy { .. } => ApiError::TooManyRequests {
+                message: e.to_string(),
+                retry_after: EXPORT_RETRY_AFTER_S,
+            },
+            ExportError::DiskShort { .. } => {
+                tracing::warn!(error = %e, "a Hugging Face export was refused");
+                ApiError::InsufficientStorage(e.to_string())
+            }
+            ExportError::Failed(cause) => ApiError::Internal(cause.context("exporting a run")),
+        }
+    }
 }
 
 /// The run's model as a Hugging Face directory (`config.json`, `model.safetensors`,
 /// `tokenizer.json`, `tokenizer_config.json`) in an uncompressed tar archive holding one folder,
 /// `<id>-hf`. Exported from the run's best checkpoint, else its latest, with LoRA adapters
 /// merged into the base weights. Only for finished runs with a checkpoint on this server.
+/// Downloads of a run that overlap share one export; a credential has at most two downloads
+/// open at once.
 #[utoipa::path(get, path = "/api/v1/runs/{id}/export/hf", tag = "checkpoints",
     params(("id" = String, Path, description = "Run id")),
     responses(
@@ -94,10 +124,16 @@ fn export(run_dir: &FsPath, out: &FsPath) -> anyhow::Result<Exported> {
         (status = 404, body = ErrorBody),
         (status = 409, description = "The run has not finished, has no checkpoint here, or its \
             model fits no transformers architecture (the message says which)", body = ErrorBody),
+        (status = 429, description = "This credential already has two exports downloading; \
+            retry after `Retry-After` seconds", body = ErrorBody),
+        (status = 507, description = "The disk has no room for the export besides the 1 GiB \
+            the server keeps free; nothing was written", body = ErrorBody),
     ))]
-#[instrument(skip(state))]
+#[instrument(skip(state, principal, client))]
 pub async fn export_hf(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    client: Client,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let run = state.store.get_run(&id).await?;
@@ -113,25 +149,22 @@ pub async fn export_hf(
             message,
         });
     }
-    let turn = EXPORTING
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?;
-    let out = run_dir
-        .join(EXPORTS_DIR)
-        .join(format!("hf-{}", uuid::Uuid::new_v4().simple()));
-    let scratch = Scratch(out.clone());
-    let (scratch, exported) = tokio::task::spawn_blocking(move || {
-        let exported = export(&run_dir, &out);
-        drop(turn);
-        (scratch, exported)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.into()))?;
-    let files = match exported.map_err(|e| ApiError::Internal(e.context("exporting a run")))? {
-        Exported::Files(files) => files,
-        Exported::Refused(message) => {
+    // Held until the download's last byte is sent or the client is gone.
+    let turn = state.exports.admit(&principal_key(&principal, &client))?;
+    let shared = state.exports.shared(&run_dir, EXPORTS_DIR);
+    let params = run.latest_metrics.get("model/params").map(|m| m.value);
+    let source = run_dir.clone();
+    let made = state
+        .exports
+        .made(
+            &shared,
+            move || expected_size(&source, params),
+            move |out| export(&run_dir, out),
+        )
+        .await?;
+    let files = match made {
+        Made::Files(files) => files,
+        Made::Refused(message) => {
             return Err(ApiError::Conflict {
                 field: None,
                 message,
@@ -147,7 +180,9 @@ pub async fn export_hf(
             // The client sees a short body; the length header tells it the download broke.
             tracing::warn!(error = %e, "Hugging Face export download ended early");
         }
-        drop(scratch);
+        // The last download of this export removes its directory.
+        drop(shared);
+        drop(turn);
     });
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Ok((
