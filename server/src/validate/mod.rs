@@ -7,6 +7,7 @@
 //! message with the same status; 400 is kept for a request that cannot be read at all (JSON
 //! syntax, a query string or filter that does not parse).
 
+pub mod inputs;
 pub mod limits;
 pub mod points;
 

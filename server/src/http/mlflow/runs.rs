@@ -17,9 +17,7 @@ use crate::access::audit::Actor;
 use crate::app::AppState;
 use crate::status::{change_status, Actor as StatusActor};
 use crate::store::accounts::RunAccess;
-use crate::store::{
-    NewRun, Run, RunInput, RunQuery, RunStatus, RunUpdate, SortDir, SortKey, StoreError,
-};
+use crate::store::{NewRun, Run, RunQuery, RunStatus, RunUpdate, SortDir, SortKey, StoreError};
 use crate::validate::limits::{check_len, MAX_NOTES_LEN};
 use crate::validate::Name;
 
@@ -473,6 +471,8 @@ struct LogInputs {
     datasets: Vec<Value>,
 }
 
+/// Dataset inputs: every field within its limit (`validate::inputs`), only MLflow's fields
+/// kept; the store refuses inputs past a run's count or byte limit.
 async fn log_inputs(
     State(state): State<AppState>,
     caller: Caller,
@@ -480,23 +480,7 @@ async fn log_inputs(
 ) -> MlflowResult<Json<Value>> {
     let id = body.run.id()?;
     loggable(&state, &caller, id).await?;
-    let mut inputs = Vec::with_capacity(body.datasets.len());
-    for (i, input) in body.datasets.into_iter().enumerate() {
-        let dataset = &input["dataset"];
-        let text = |key: &str| dataset[key].as_str().unwrap_or("").to_string();
-        let (name, digest) = (text("name"), text("digest"));
-        if name.is_empty() || digest.is_empty() {
-            return Err(MlflowError::invalid(
-                &format!("datasets[{i}].dataset"),
-                "a dataset needs a name and a digest",
-            ));
-        }
-        inputs.push(RunInput {
-            name,
-            digest,
-            body: input,
-        });
-    }
+    let inputs = crate::validate::inputs::dataset_inputs(&body.datasets)?;
     state.store.log_inputs(id, &inputs).await?;
     Ok(Json(json!({})))
 }

@@ -136,7 +136,29 @@ impl SqlStore {
     pub(super) async fn add_inputs(&self, id: &str, inputs: &[RunInput]) -> StoreResult<()> {
         let mut tx = self.begin_write().await?;
         let result = async {
-            self.run_exists(&mut tx, id).await?;
+            // The run's row locked, so two requests cannot both fit under the run's limits.
+            let lock = self.dialect().for_update();
+            let run = Sql::new(format!("SELECT id FROM runs WHERE id = $1{lock}")).bind(id);
+            if tx.fetch_optional(run).await?.is_none() {
+                return Err(common::not_found_run(id));
+            }
+            let stored = Sql::new("SELECT name, digest, body FROM run_inputs WHERE run_id = $1");
+            let stored = tx
+                .fetch_all(stored.bind(id))
+                .await?
+                .iter()
+                .map(|r| {
+                    let body: String = r.get(2)?;
+                    Ok(RunInput {
+                        name: r.get(0)?,
+                        digest: r.get(1)?,
+                        body: serde_json::from_str(&body)
+                            .map_err(|e| StoreError::Database(sqlx::Error::Decode(e.into())))?,
+                    })
+                })
+                .collect::<StoreResult<Vec<RunInput>>>()?;
+            crate::validate::inputs::run_inputs_fit(&stored, inputs)
+                .map_err(StoreError::Rejected)?;
             for input in inputs {
                 let body = input.body.to_string();
                 common::no_nul("datasets", &body)?;

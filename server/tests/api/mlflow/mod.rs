@@ -2,6 +2,7 @@
 //! (`client.rs`), and the protocol's answers checked request by request (`protocol.rs`).
 
 mod client;
+mod inputs;
 mod protocol;
 
 use reqwest::{Method, StatusCode};
