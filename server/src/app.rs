@@ -170,6 +170,8 @@ pub struct AppState {
     pub throttle: Arc<crate::access::throttle::Throttle>,
     /// The controllers of running sweeps.
     pub sweeps: Arc<crate::sweeps::SweepHub>,
+    /// Bumped when access may have been taken away, so open streams check theirs again.
+    pub access_epoch: Arc<crate::access::revocation::AccessEpoch>,
     /// Hugging Face exports: shared per run, bounded per principal (`checkpoints::exports`).
     pub exports: Arc<crate::checkpoints::exports::Exports>,
     /// The pool chart images are rendered in (`http::api::charts::pool`).
@@ -199,6 +201,7 @@ impl AppState {
             liveness: Arc::new(crate::liveness::Liveness::new(settings.lost_after)),
             throttle: Arc::default(),
             sweeps: Arc::new(crate::sweeps::SweepHub::new(crate::sweeps::POLL)),
+            access_epoch: Arc::default(),
             exports: Arc::default(),
             chart_pool: Arc::default(),
             settings: Arc::new(settings),

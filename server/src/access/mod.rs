@@ -11,6 +11,7 @@ pub mod audit;
 pub mod password;
 pub mod policy;
 pub mod principal;
+pub mod revocation;
 pub mod secret;
 pub mod throttle;
 

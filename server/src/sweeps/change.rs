@@ -223,6 +223,32 @@ pub async fn control(
     Ok(state.store.get_sweep(id).await?)
 }
 
+/// Pauses the running sweeps user `user_id` created (their trials launch as that user, who may
+/// no longer launch anything), with `reason` as their message. Returns their ids. Running
+/// trials go on; the controller, which checks the creator before every launch, launches
+/// nothing more even if the sweep is resumed.
+pub async fn pause_sweeps_of(
+    state: &AppState,
+    user_id: &str,
+    reason: &str,
+) -> Result<Vec<String>, ApiError> {
+    let mut paused = Vec::new();
+    for sweep in state.store.live_sweeps().await? {
+        if sweep.state != SweepState::Running || sweep.created_by.as_deref() != Some(user_id) {
+            continue;
+        }
+        state
+            .store
+            .set_sweep_state(&sweep.id, SweepState::Paused, Some(reason))
+            .await?;
+        tracing::info!(sweep = %sweep.id, "{reason}");
+        state.sweeps.wake(&sweep.id);
+        state.sweeps.changed(&sweep.id);
+        paused.push(sweep.id);
+    }
+    Ok(paused)
+}
+
 /// Stops the runs of a stopped sweep's active trials and records them as stopped.
 async fn stop_trials(state: &AppState, id: &str) -> Result<(), ApiError> {
     for trial in state.store.trials(id).await? {

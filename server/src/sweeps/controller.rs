@@ -16,7 +16,7 @@ use std::sync::Arc;
 use sweep::{SweepSpec, Verdict};
 use tokio::sync::{watch, Notify};
 
-use crate::access::audit::Actor;
+use crate::access::audit::{self, Actor};
 use crate::access::principal::{Principal, Via};
 use crate::app::AppState;
 use crate::store::accounts::TokenScope;
@@ -344,8 +344,10 @@ async fn prune(state: &AppState, run_id: &str, reason: &str) {
 
 /// Who the controller launches as: the sweep's creator (their access is checked at every
 /// launch, so a creator who lost access stops the sweep's launches), the local user of a
-/// server without accounts, or the administrator for a sweep made with the admin token.
-async fn actor_of(state: &AppState, sweep: &SweepRow) -> anyhow::Result<Actor> {
+/// server without accounts, or the administrator for a sweep made with the admin token. Read
+/// again before every launch: a creator who was disabled or deleted launches nothing, and the
+/// sweep is paused saying so (`Err` holds that message).
+async fn actor_of(state: &AppState, sweep: &SweepRow) -> anyhow::Result<Result<Actor, String>> {
     let local = !crate::access::principal::accounts_on(state)
         && state
             .settings
@@ -356,18 +358,55 @@ async fn actor_of(state: &AppState, sweep: &SweepRow) -> anyhow::Result<Actor> {
         // The one local user of a server without accounts, as their own requests are.
         None if local => Principal::Local,
         None => Principal::AdminToken,
-        Some(user_id) => Principal::User {
-            user: Arc::new(state.store.get_user(user_id).await?),
-            via: Via::Token {
-                id: format!("sweep {}", sweep.id),
-                scope: TokenScope::Write,
+        Some(user_id) => match state.store.get_user(user_id).await {
+            Ok(user) if user.disabled => {
+                return Ok(Err(format!(
+                    "paused: its creator {} was disabled",
+                    user.name
+                )))
+            }
+            Ok(user) => Principal::User {
+                user: Arc::new(user),
+                via: Via::Token {
+                    id: format!("sweep {}", sweep.id),
+                    scope: TokenScope::Write,
+                },
             },
+            Err(StoreError::NotFound { .. }) => {
+                return Ok(Err("paused: its creator's account was deleted".to_string()))
+            }
+            Err(e) => return Err(e.into()),
         },
     };
-    Ok(Actor {
+    Ok(Ok(Actor {
         principal,
         client: Some(format!("sweep {}", sweep.id)),
-    })
+    }))
+}
+
+/// The actor to launch the next trial as, or `None` after pausing the sweep because its
+/// creator may no longer launch (the cause is logged and audited).
+async fn launcher_of(state: &AppState, sweep: &SweepRow) -> anyhow::Result<Option<Actor>> {
+    let reason = match actor_of(state, sweep).await? {
+        Ok(actor) => return Ok(Some(actor)),
+        Err(reason) => reason,
+    };
+    tracing::warn!(sweep = %sweep.id, "{reason}; no trial is launched");
+    state
+        .store
+        .set_sweep_state(&sweep.id, SweepState::Paused, Some(&reason))
+        .await?;
+    let client = format!("sweep {}", sweep.id);
+    audit::record(
+        state,
+        Some("server".into()),
+        Some(&client),
+        "sweep_pause",
+        Some(&sweep.id),
+        Some(reason),
+    )
+    .await;
+    Ok(None)
 }
 
 /// Launches pending trials, then suggests and launches new ones while the sweep has room.
@@ -379,13 +418,19 @@ async fn launch_trials(
     curves: &Curves,
 ) -> anyhow::Result<bool> {
     let mut changed = false;
-    let actor = actor_of(state, sweep).await?;
+    // A running sweep whose creator may no longer launch is paused at once, room or not.
+    if launcher_of(state, sweep).await?.is_none() {
+        return Ok(true);
+    }
     let pending: Vec<i64> = rows
         .iter()
         .filter(|r| r.state == TrialState::Pending)
         .map(|r| r.number)
         .collect();
     for number in pending {
+        let Some(actor) = launcher_of(state, sweep).await? else {
+            return Ok(true);
+        };
         changed |= launch_one(state, sweep, spec, rows, &actor, number).await?;
     }
     loop {
@@ -404,6 +449,10 @@ async fn launch_trials(
         let number = rows.len() as u32;
         let Some(params) = sweep::suggest(spec, &search_trials(rows, curves), number) else {
             break;
+        };
+        // Checked again right before each launch (a creator may be disabled meanwhile).
+        let Some(actor) = launcher_of(state, sweep).await? else {
+            return Ok(true);
         };
         let params: serde_json::Map<String, serde_json::Value> = params.into_iter().collect();
         let bracket = sweep::assign_bracket(spec, number).map(i64::from);

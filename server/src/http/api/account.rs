@@ -224,6 +224,8 @@ pub async fn sign_out(
 pub async fn end_session(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     if let Some(secret) = cookie(headers, SESSION_COOKIE) {
         state.store.delete_session(&hash_secret(secret)).await?;
+        // Streams this session opened end too.
+        state.access_epoch.bump();
     }
     Ok(())
 }
@@ -375,6 +377,8 @@ pub async fn revoke(
         return Err(not_found());
     }
     state.store.revoke_token(id, now_ms()).await?;
+    // Streams this token opened end too.
+    state.access_epoch.bump();
     audit::by(state, principal, client, "token_revoke", Some(id), None).await;
     Ok(())
 }

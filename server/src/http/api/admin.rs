@@ -111,7 +111,8 @@ pub async fn create_user(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserChange {
-    /// A disabled user cannot sign in; their sessions end and their tokens stop working.
+    /// A disabled user cannot sign in; their sessions, tokens and open event streams end, and
+    /// their running sweeps are paused.
     #[serde(default)]
     pub disabled: Option<bool>,
     #[serde(default)]
@@ -158,6 +159,8 @@ pub async fn change(
     if let Some(text) = &body.password {
         let hash = hash(text).await?;
         state.store.set_password(&user.id, &hash, now_ms()).await?;
+        // Their sessions ended: so do the streams those sessions opened.
+        state.access_epoch.bump();
         audit::by(state, principal, client, "user_password", who, None).await;
     }
     if let Some(disabled) = body.disabled {
@@ -174,9 +177,18 @@ pub async fn change(
             "user_enable"
         };
         audit::by(state, principal, client, action, who, None).await;
+        if disabled {
+            state.access_epoch.bump();
+            let reason = format!("paused: its creator {} was disabled", user.name);
+            for id in crate::sweeps::change::pause_sweeps_of(state, &user.id, &reason).await? {
+                let detail = Some(reason.clone());
+                audit::by(state, principal, client, "sweep_pause", Some(&id), detail).await;
+            }
+        }
     }
     if let Some(admin) = body.admin {
         state.store.set_user_admin(&user.id, admin).await?;
+        state.access_epoch.bump();
         let detail = Some(if admin { "admin" } else { "not admin" }.to_owned());
         audit::by(state, principal, client, "user_admin", who, detail).await;
     }
@@ -296,6 +308,7 @@ pub async fn set_membership(
         format!("added {}", user.name)
     } else {
         state.store.remove_team_member(&team.id, &user.id).await?;
+        state.access_epoch.bump();
         format!("removed {}", user.name)
     };
     actor

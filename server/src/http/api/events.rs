@@ -6,6 +6,10 @@
 //! So a point stored while the replay runs arrives exactly once. The event id carries both
 //! positions (`p{point seq}.e{event seq}`), so a client reconnecting with `Last-Event-ID` resumes
 //! where it stopped.
+//!
+//! Each stream holds a [`StreamAccess`]: when a token is revoked, a user disabled or a grant
+//! removed while it is open, a run stream ends and the all-runs stream leaves out the runs the
+//! caller may no longer read (`access::revocation`).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -21,12 +25,12 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::instrument;
 
+use crate::access::revocation::{Scope, StreamAccess};
 use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
 use crate::live::{RunMessage, RunSubscription};
-use crate::store::accounts::Level;
 use crate::store::{RunEvent, StoreError, StoredPoint};
 
 /// Points per SSE `points` event (and per store read during catch-up).
@@ -108,9 +112,10 @@ impl StreamPosition {
         (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody),
     ))]
-#[instrument(skip(state, headers))]
+#[instrument(skip(state, headers, principal))]
 pub async fn run_events(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     headers: HeaderMap,
     ApiQuery(params): ApiQuery<EventParams>,
@@ -136,11 +141,22 @@ pub async fn run_events(
     state.store.get_run(&id).await?;
     // Subscribe before reading the store, so nothing stored in between is missed.
     let subscription = state.live.subscribe_run(&id);
+    let mut access = StreamAccess::new(&state, principal, Scope::Run(id.clone()));
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         let run_id = id.clone();
-        match stream_run(&state, &id, position, after_step, subscription, &tx).await {
-            Ok(()) | Err(StreamEnd::ClientGone) => {}
+        let end = stream_run(
+            &state,
+            &id,
+            position,
+            after_step,
+            subscription,
+            &mut access,
+            &tx,
+        )
+        .await;
+        match end {
+            Ok(()) | Err(StreamEnd::ClientGone) | Err(StreamEnd::Revoked) => {}
             Err(StreamEnd::Store(e)) => {
                 tracing::error!(run_id, error = %e, "SSE stream failed reading the store");
                 let _ = tx.send(stream_error()).await;
@@ -166,6 +182,8 @@ fn stream_error() -> Event {
 
 enum StreamEnd {
     ClientGone,
+    /// The caller may no longer read the run (`StreamAccess` logged why).
+    Revoked,
     Store(StoreError),
     /// An event could not be encoded as JSON (a bug, not a client's fault).
     Encode(axum::Error),
@@ -183,15 +201,26 @@ async fn stream_run(
     mut position: StreamPosition,
     after_step: Option<i64>,
     mut subscription: RunSubscription,
+    access: &mut StreamAccess,
     tx: &mpsc::Sender<Event>,
 ) -> Result<(), StreamEnd> {
+    if !access.allowed().await {
+        return Err(StreamEnd::Revoked);
+    }
     catch_up(state, run_id, &mut position, after_step, tx).await?;
     loop {
         let message = tokio::select! {
             _ = state.live.closed() => return Ok(()),
             _ = tx.closed() => return Err(StreamEnd::ClientGone),
-            message = subscription.recv() => message,
+            () = access.changed() => None,
+            message = subscription.recv() => Some(message),
         };
+        // Checked before anything more is sent: a revocation stored before this message was
+        // published is seen here, whichever branch above was picked first.
+        if !access.allowed().await {
+            return Err(StreamEnd::Revoked);
+        }
+        let Some(message) = message else { continue };
         match message {
             Ok(RunMessage::Points(points)) => {
                 let fresh: Vec<StoredPoint> = points
@@ -292,33 +321,38 @@ async fn send<T: Serialize>(
 /// client that fell too far behind gets `event: lagged` and should reload the table.
 #[utoipa::path(get, path = "/api/v1/events", tag = "events",
     responses((status = 200, description = "text/event-stream of `status` events, and `lagged` when the client fell behind", content_type = "text/event-stream", body = String)))]
-#[instrument(skip(state))]
+#[instrument(skip(state, principal))]
 pub async fn all_events(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let mut receiver = state.live.subscribe_all();
+    let mut access = StreamAccess::new(&state, principal, Scope::AllRuns);
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         loop {
-            let event = tokio::select! {
+            let received = tokio::select! {
                 _ = state.live.closed() => return,
                 _ = tx.closed() => return,
-                received = receiver.recv() => match received {
-                    // Checked per event, so a grant given or taken while the stream is open
-                    // counts from the next event on.
-                    Ok(run_event) if !may_read(&state, &principal, &run_event.run_id).await => {
-                        continue
-                    }
-                    Ok(run_event) => Event::default()
-                        .event("status")
-                        .id(format!("e{}", run_event.seq))
-                        .json_data(run_event.as_ref()),
-                    Err(broadcast::error::RecvError::Lagged(missed)) => Event::default()
-                        .event("lagged")
-                        .json_data(serde_json::json!({ "missed": missed })),
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
+                () = access.changed() => None,
+                received = receiver.recv() => Some(received),
+            };
+            // A revoked credential ends the stream; a grant given or taken while it is open
+            // counts from the next event on (each run's answer is kept until access changes).
+            if !access.allowed().await {
+                return;
+            }
+            let event = match received {
+                None => continue,
+                Some(Ok(run_event)) if !access.may_read_run(&run_event.run_id).await => continue,
+                Some(Ok(run_event)) => Event::default()
+                    .event("status")
+                    .id(format!("e{}", run_event.seq))
+                    .json_data(run_event.as_ref()),
+                Some(Err(broadcast::error::RecvError::Lagged(missed))) => Event::default()
+                    .event("lagged")
+                    .json_data(serde_json::json!({ "missed": missed })),
+                Some(Err(broadcast::error::RecvError::Closed)) => return,
             };
             match event {
                 Ok(event) => {
@@ -331,13 +365,6 @@ pub async fn all_events(
         }
     });
     Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-}
-
-async fn may_read(state: &AppState, principal: &Principal, run_id: &str) -> bool {
-    principal.is_admin()
-        || crate::access::require_run(state, principal, run_id, Level::Read)
-            .await
-            .is_ok()
 }
 
 #[cfg(test)]
@@ -370,7 +397,17 @@ mod tests {
         let run_id = run.id.clone();
         let task = tokio::spawn(async move {
             let position = StreamPosition::default();
-            let _ = stream_run(&task_state, &run_id, position, None, subscription, &tx).await;
+            let mut access = StreamAccess::new(&task_state, Principal::Local, Scope::AllRuns);
+            let _ = stream_run(
+                &task_state,
+                &run_id,
+                position,
+                None,
+                subscription,
+                &mut access,
+                &tx,
+            )
+            .await;
         });
         let total = 3 * 256;
         for step in 0..total {

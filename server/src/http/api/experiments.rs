@@ -134,6 +134,8 @@ pub async fn change_experiment(
             .store
             .set_experiment_default_level(&experiment.id, level)
             .await?;
+        // Open streams of those who lose access stop at once (`access::revocation`).
+        state.access_epoch.bump();
         let detail = Some(format!("default level {}", level.as_str()));
         audit::by(
             &state,
@@ -284,6 +286,8 @@ pub async fn apply_grant(
         .store
         .set_grant(&experiment.id, kind, &subject_id, level)
         .await?;
+    // Open streams of whoever lost access stop at once (`access::revocation`).
+    state.access_epoch.bump();
     let detail = Some(format!("{label}: {}", level.as_str()));
     audit::by(
         state,

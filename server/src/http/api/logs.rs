@@ -1,6 +1,8 @@
 //! `GET /api/v1/runs/{id}/logs`: a launched run's output, by offset or tail (text, or JSON with
 //! `format=json`), or followed live (`follow=true`) as server-sent events: the existing content
-//! first, then new output as it is written, then an `end` event with the final status.
+//! first, then new output as it is written, then an `end` event with the final status. A
+//! followed log ends early, without `end`, once the caller may no longer read the run (a revoked
+//! token, a disabled user, a removed grant: `access::revocation`).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -10,12 +12,14 @@ use axum::http::header;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures::Stream;
 use serde::Deserialize;
 use tokio::sync::broadcast::error::RecvError;
 use tracing::instrument;
 
+use crate::access::revocation::{Scope, StreamAccess};
+use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
@@ -76,9 +80,10 @@ fn parse_bool(field: &str, text: Option<&str>) -> Result<bool, ApiError> {
         (status = 400, body = ErrorBody),
         (status = 404, description = "No run with that id", body = ErrorBody),
     ))]
-#[instrument(skip(state))]
+#[instrument(skip(state, principal))]
 pub async fn get_logs(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     ApiQuery(params): ApiQuery<LogParams>,
 ) -> Result<Response, ApiError> {
@@ -115,7 +120,8 @@ pub async fn get_logs(
     .map_err(|e| ApiError::Internal(e.into()))?
     .map_err(|e| ApiError::Internal(e.into()))?;
     if let Some(rx) = rx {
-        return Ok(follow_stream(state, id, slice, rx).into_response());
+        let access = StreamAccess::new(&state, principal, Scope::Run(id.clone()));
+        return Ok(follow_stream(state, id, slice, rx, access).into_response());
     }
     if json {
         return Ok(Json(slice).into_response());
@@ -149,6 +155,7 @@ struct Follow {
     pos: u64,
     first: Option<LogSlice>,
     done: bool,
+    access: StreamAccess,
 }
 
 impl Follow {
@@ -189,6 +196,10 @@ impl Follow {
         if self.done {
             return None;
         }
+        if !self.access.allowed().await {
+            self.done = true;
+            return None;
+        }
         if let Some(first) = self.first.take() {
             self.pos = first.next_offset;
             if !first.text.is_empty() {
@@ -198,13 +209,20 @@ impl Follow {
         let live = self.state.live.clone();
         loop {
             let recv = tokio::select! {
-                recv = tokio::time::timeout(STATUS_POLL, self.rx.recv()) => recv,
+                recv = tokio::time::timeout(STATUS_POLL, self.rx.recv()) => Some(recv),
                 // Server shutting down: end the stream so graceful shutdown is not held up.
                 _ = live.closed() => {
                     self.done = true;
                     return None;
                 }
+                () = self.access.changed() => None,
             };
+            // Checked before anything more is sent, whichever branch above was picked first.
+            if !self.access.allowed().await {
+                self.done = true;
+                return None;
+            }
+            let Some(recv) = recv else { continue };
             match recv {
                 Ok(Ok(LogEvent::Chunk { offset, text })) => {
                     let end = offset + text.len() as u64;
@@ -250,6 +268,7 @@ fn follow_stream(
     id: String,
     first: LogSlice,
     rx: LogFollower,
+    access: StreamAccess,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let follow = Follow {
         state,
@@ -258,6 +277,7 @@ fn follow_stream(
         pos: first.offset,
         first: Some(first),
         done: false,
+        access,
     };
     let stream = futures::stream::unfold(follow, |mut f| async move {
         let ev = f.next().await?;

@@ -19,6 +19,7 @@ use tokio_stream::StreamExt;
 use tracing::instrument;
 
 use crate::access::audit::Actor;
+use crate::access::revocation::{Scope, StreamAccess};
 use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
@@ -240,25 +241,31 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// The sweep as it changes: `event: sweep` with the whole view (as `GET /api/v1/sweeps/{id}`)
 /// at once and after every change (a trial launched, a metric value, a prune, an end, a
-/// change of the spec); the stream ends after the sweep ended.
+/// change of the spec); the stream ends after the sweep ended, or once the caller may no longer
+/// read it (a revoked token, a disabled user, a removed grant).
 #[utoipa::path(get, path = "/api/v1/sweeps/{id}/events", tag = "events",
     params(("id" = String, Path, description = "Sweep id")),
     responses(
         (status = 200, description = "text/event-stream of `sweep` events", content_type = "text/event-stream", body = String),
         (status = 404, body = ErrorBody),
     ))]
-#[instrument(skip(state))]
+#[instrument(skip(state, principal))]
 pub async fn sweep_events(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     // Subscribed before the first read, so no change falls between the two.
     let mut changes = state.sweeps.subscribe(&id);
+    let mut access = StreamAccess::new(&state, principal, Scope::Sweep(id.clone()));
     let first = view::detail(&state, &id).await?;
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         let mut detail = first;
         loop {
+            if !access.allowed().await {
+                return;
+            }
             let over = detail.summary.state.is_over();
             let event = match Event::default().event("sweep").json_data(&detail) {
                 Ok(event) => event,
@@ -270,10 +277,14 @@ pub async fn sweep_events(
             if tx.send(event).await.is_err() || over {
                 return;
             }
-            tokio::select! {
-                _ = state.live.closed() => return,
-                _ = tx.closed() => return,
-                changed = changes.changed() => if changed.is_err() { return },
+            // Until the sweep changes; a change of access that leaves it readable sends nothing.
+            loop {
+                tokio::select! {
+                    _ = state.live.closed() => return,
+                    _ = tx.closed() => return,
+                    () = access.changed() => if !access.allowed().await { return },
+                    changed = changes.changed() => if changed.is_err() { return } else { break },
+                }
             }
             detail = match view::detail(&state, &id).await {
                 Ok(d) => d,

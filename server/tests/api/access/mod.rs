@@ -5,6 +5,7 @@ mod cli;
 mod hidden_keys;
 mod matrix;
 mod names;
+mod revocation;
 mod secrets;
 mod sessions;
 mod shared_default;
