@@ -25,6 +25,9 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+# A copy: a rebuild while the benchmark runs must not replace the binary under the servers.
+cp "$BIN" "$work/trainyard"
+BIN="$work/trainyard"
 
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "cores: $(nproc); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -67,9 +70,14 @@ one() {
     out="$("$BIN" submit --server "$url" --profile tiny --experiment bench \
         --set training.max_steps="$STEPS" --set training.save_steps=0 \
         --set training.eval_steps=0 --set training.device=cpu --set training.threads=1 \
-        --set data.dataset=dummy --follow 2>&1)"
+        --set data.dataset=dummy --follow 2>&1 || true)"
     end="$(date +%s.%N)"
-    id="$(printf '%s\n' "$out" | grep -o '[0-9a-f]\{32\}' | head -1)"
+    id="$(printf '%s\n' "$out" | sed -n 's/^run \([0-9a-f]\{32\}\) queued$/\1/p' | head -1)"
+    if [ -z "$id" ] || [ ! -e "$work/$mode/runs/$id/metrics.jsonl" ]; then
+        echo "{\"mode\": \"$mode\", \"error\": \"no run figures\"}"
+        printf '%s\n' "$out" | tail -5 >&2
+        return
+    fi
     curl -sf "$url/api/v1/runs/$id" > "$work/run.json"
     python3 - "$work/run.json" "$work/$mode/runs/$id/metrics.jsonl" "$WARMUP" "$mode" \
         "$start" "$end" <<'PY'
