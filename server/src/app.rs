@@ -31,6 +31,12 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once: far more than browsers, trainers and scripts open, and fewer
 /// than the usual 1024 open-file limit (it is lowered further when that limit is lower).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Connections one client address may hold: an eighth of the whole, far more than a browser
+/// (six per server), trainers and scripts on one machine open, so no one address takes them all.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
+/// Time a request body has in total to arrive (more for each further body limit's worth of an
+/// upload): a full 16 MiB body fits at about 56 KiB/s.
+pub const DEFAULT_BODY_DEADLINE: Duration = Duration::from_secs(300);
 
 /// Silence after which a running run not launched here is marked `lost`: ten missed heartbeats
 /// of the trainer (every 30 s), so a slow network or a long evaluation does not trip it.
@@ -58,8 +64,13 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// Longest pause while reading a request body. Responses (event streams) are not bounded.
     pub body_timeout: Duration,
+    /// Time a request body has in total to arrive (and as much again per further `body_limit`
+    /// bytes of an upload); `http::serve::DeadlineBody`.
+    pub body_deadline: Duration,
     /// Connections served at once; more wait to be accepted.
     pub max_connections: usize,
+    /// Connections one client address may hold at once; more are answered 429 and closed.
+    pub max_connections_per_address: usize,
     /// Whether launch requests may run an arbitrary `command` (off by default: whoever can call
     /// the API could otherwise run anything as the server's user).
     pub allow_command_launch: bool,
@@ -95,7 +106,12 @@ impl std::fmt::Debug for Settings {
             .field("allowed_hosts", &self.allowed_hosts)
             .field("header_timeout", &self.header_timeout)
             .field("body_timeout", &self.body_timeout)
+            .field("body_deadline", &self.body_deadline)
             .field("max_connections", &self.max_connections)
+            .field(
+                "max_connections_per_address",
+                &self.max_connections_per_address,
+            )
             .field("allow_command_launch", &self.allow_command_launch)
             .field("lost_after", &self.lost_after)
             .field("auth", &self.auth)
@@ -120,7 +136,9 @@ impl Settings {
             allowed_hosts: Vec::new(),
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            body_deadline: DEFAULT_BODY_DEADLINE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             allow_command_launch: false,
             lost_after: DEFAULT_LOST_AFTER,
             auth: false,
@@ -213,8 +231,9 @@ impl AppState {
 /// The whole HTTP surface, ready for `http::serve` or `tower::ServiceExt::oneshot`.
 ///
 /// Layers, outermost first: tracing, panic catching, security headers on every response, the
-/// host and cross-site checks, the request body timeout and size limit, the NUL check on path
-/// and query parameters; then routing and each router's own access check.
+/// host and cross-site checks, the request body's total deadline, its timeout and size limit,
+/// the NUL checks on path and query parameters and on form bodies (JSON bodies are checked by
+/// their extractors); then routing and each router's own access check.
 pub fn app(state: AppState) -> Router {
     let hosts = Arc::new(http::guard::HostRules::new(&state.settings));
     Router::new()
@@ -230,8 +249,15 @@ pub fn app(state: AppState) -> Router {
         ))
         .fallback(http::not_found)
         .layer(middleware::from_fn(http::guard::reject_nul_bytes))
+        .layer(middleware::from_fn(http::extract::reject_nul_in_forms))
         .layer(DefaultBodyLimit::max(state.settings.body_limit))
         .layer(RequestBodyTimeoutLayer::new(state.settings.body_timeout))
+        .layer(tower::util::MapRequestLayer::new(
+            http::serve::DeadlineBody::wrap(
+                state.settings.body_deadline,
+                state.settings.body_limit,
+            ),
+        ))
         .layer(middleware::from_fn_with_state(
             hosts,
             http::guard::check_host_and_site,
@@ -321,6 +347,7 @@ impl Application {
         let limits = http::serve::ConnectionLimits {
             header_timeout: self.state.settings.header_timeout,
             max_connections: self.state.settings.max_connections,
+            max_per_address: self.state.settings.max_connections_per_address,
         };
         let watchdog = tokio::spawn(crate::liveness::watch(self.state.clone()));
         // Sweeps continue where they were, now that trials can report back.

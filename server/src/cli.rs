@@ -113,10 +113,20 @@ pub struct ServeArgs {
     #[arg(long, env = "TRAINYARD_BODY_TIMEOUT", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub body_timeout_secs: u64,
+    /// Seconds a request body has in total to arrive (as many again per further 16 MiB of an
+    /// upload); a body still arriving after it is answered 408.
+    #[arg(long, env = "TRAINYARD_BODY_DEADLINE", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_deadline_secs: u64,
     /// Connections served at once; more wait to be accepted.
     #[arg(long, env = "TRAINYARD_MAX_CONNECTIONS", default_value_t = 512,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
+    /// Connections one client address may hold at once; more are answered 429 and closed.
+    /// Behind a reverse proxy every client has the proxy's address: raise it there.
+    #[arg(long, env = "TRAINYARD_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections_per_address: u64,
     /// Let launch requests run an arbitrary `command` as this server's user (off by default).
     #[arg(long, env = "TRAINYARD_ALLOW_COMMAND_LAUNCH")]
     pub allow_command_launch: bool,
@@ -284,7 +294,10 @@ impl ServeArgs {
             allowed_hosts: self.allowed_hosts,
             header_timeout: Duration::from_secs(self.header_timeout_secs),
             body_timeout: Duration::from_secs(self.body_timeout_secs),
+            body_deadline: Duration::from_secs(self.body_deadline_secs),
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            max_connections_per_address: usize::try_from(self.max_connections_per_address)
+                .unwrap_or(usize::MAX),
             allow_command_launch: self.allow_command_launch,
             lost_after: Duration::from_secs(self.lost_after_secs),
             auth: self.auth,
@@ -373,6 +386,10 @@ mod tests {
             "4",
             "--max-connections",
             "5",
+            "--body-deadline-secs",
+            "6",
+            "--max-connections-per-address",
+            "2",
         ])
         .map_err(|e| e.to_string());
         let Ok(Cli {
@@ -393,6 +410,8 @@ mod tests {
         assert_eq!(settings.header_timeout, Duration::from_secs(3));
         assert_eq!(settings.body_timeout, Duration::from_secs(4));
         assert_eq!(settings.max_connections, 5);
+        assert_eq!(settings.body_deadline, Duration::from_secs(6));
+        assert_eq!(settings.max_connections_per_address, 2);
     }
 
     #[test]
@@ -404,6 +423,8 @@ mod tests {
             ("--header-timeout-secs", "0"),
             ("--body-timeout-secs", "soon"),
             ("--max-connections", "0"),
+            ("--body-deadline-secs", "0"),
+            ("--max-connections-per-address", "0"),
         ];
         for (flag, value) in cases {
             let err = Cli::try_parse_from(["trainyard", "serve", flag, value])

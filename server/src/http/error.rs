@@ -297,7 +297,8 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
-/// Reading a request body failed: too large, too slow (the body timeout), or the connection broke.
+/// Reading a request body failed: too large, too slow (the body timeout or its total deadline),
+/// or the connection broke.
 impl From<BytesRejection> for ApiError {
     fn from(rejection: BytesRejection) -> Self {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -307,6 +308,9 @@ impl From<BytesRejection> for ApiError {
         }
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&rejection);
         while let Some(err) = cause {
+            if let Some(late) = err.downcast_ref::<crate::http::serve::BodyDeadlineExceeded>() {
+                return ApiError::RequestTimeout(late.to_string());
+            }
             if err.is::<tower_http::timeout::TimeoutError>() {
                 return ApiError::RequestTimeout(
                     "the request body did not arrive in time; send it without pausing".into(),

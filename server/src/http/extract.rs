@@ -43,9 +43,110 @@ where
                     .into(),
             });
         }
+        if let Some(refused) = nul_in_json(&bytes) {
+            return Err(refused);
+        }
         let Json(value) = Json::<T>::from_bytes(&bytes)?;
         Ok(ApiJson(value))
     }
+}
+
+/// The refusal of a JSON body that holds a NUL character in any string or key, naming where
+/// (`name`, `tags.foo`, `points[3].key`). No stored text may hold one (Postgres cannot), so
+/// every body is checked here, once, before any field reaches a handler.
+///
+/// Valid JSON can only spell NUL as the escape `\u0000`, so bodies without that text (nearly
+/// all) are not parsed twice; those with it are parsed to find the field, and a body that does
+/// not parse is left to the caller's own parsing to report.
+pub fn nul_in_json(bytes: &[u8]) -> Option<ApiError> {
+    if !bytes.windows(6).any(|w| w == b"\\u0000") {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let path = nul_path(&value, String::new())?;
+    Some(nul_refusal(&path))
+}
+
+/// The path of the first string or key holding a NUL, if any.
+fn nul_path(value: &serde_json::Value, here: String) -> Option<String> {
+    use serde_json::Value;
+    match value {
+        Value::String(s) if s.contains('\0') => Some(here),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| nul_path(item, format!("{here}[{i}]"))),
+        Value::Object(map) => map.iter().find_map(|(key, item)| {
+            let path = if here.is_empty() {
+                key.replace('\0', "\\u0000")
+            } else {
+                format!("{here}.{}", key.replace('\0', "\\u0000"))
+            };
+            if key.contains('\0') {
+                Some(path)
+            } else {
+                nul_path(item, path)
+            }
+        }),
+        _ => None,
+    }
+}
+
+fn nul_refusal(field: &str) -> ApiError {
+    let shown = if field.is_empty() { "the body" } else { field };
+    ApiError::unprocessable(
+        if field.is_empty() { "body" } else { field },
+        format!(
+            "`{shown}` contains a NUL character (\\u0000), which no text this server stores may \
+             hold; remove it"
+        ),
+    )
+}
+
+/// Middleware: a form body (`application/x-www-form-urlencoded`, the dashboard's forms) with a
+/// NUL character in any name or value is refused with 422 naming the field, before any handler
+/// reads it. Other bodies pass untouched (JSON ones are checked by [`ApiJson`] and the MLflow
+/// extractor).
+pub async fn reject_nul_in_forms(
+    request: Request,
+    next: axum::middleware::Next,
+) -> Result<axum::response::Response, ApiError> {
+    if !is_form(request.headers()) {
+        return Ok(next.run(request).await);
+    }
+    let (parts, body) = request.into_parts();
+    // Read as a handler would, so the body limit, timeout and deadline apply the same way.
+    let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), &()).await?;
+    if let Some(field) = nul_in_form(&bytes) {
+        return Err(nul_refusal(&field));
+    }
+    let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    Ok(next.run(request).await)
+}
+
+/// The name of the first pair of a form body that holds a NUL, shown with `%00` for it
+/// (`None` for a body that does not decode: the handler's own extractor reports that).
+fn nul_in_form(bytes: &[u8]) -> Option<String> {
+    if !bytes.windows(3).any(|w| w.eq_ignore_ascii_case(b"%00")) && !bytes.contains(&0) {
+        return None;
+    }
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(bytes).ok()?;
+    pairs
+        .into_iter()
+        .find(|(k, v)| k.contains('\0') || v.contains('\0'))
+        .map(|(k, _)| k.replace('\0', "%00"))
+}
+
+/// `application/x-www-form-urlencoded`, parameters aside.
+fn is_form(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| {
+            v.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
 }
 
 /// `application/json`, or any `application/...+json`, parameters (`; charset=utf-8`) aside.

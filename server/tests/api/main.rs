@@ -10,6 +10,7 @@ mod kit;
 
 mod access;
 mod auth;
+mod bounds;
 mod charts;
 mod cli;
 mod errors;
@@ -23,6 +24,7 @@ mod limits;
 mod liveness;
 mod metrics;
 mod mlflow;
+mod nul_bodies;
 mod openapi;
 mod runs;
 mod search_keys;

@@ -269,6 +269,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Fields<T> {
         } else {
             &bytes
         };
+        // No stored text may hold a NUL: refused here for every field, naming it.
+        if let Some(refused) = crate::http::extract::nul_in_json(text) {
+            return Err(refused.into());
+        }
         serde_json::from_slice(text).map(Fields).map_err(|e| {
             if e.is_syntax() || e.is_eof() {
                 MlflowError::invalid("body", format!("the body is not valid JSON ({e})"))
