@@ -221,6 +221,13 @@ async fn supervise_attempts(
             record_status(inner, run_id, RunStatus::Queued, &why, Some(exit)).await;
             continue;
         }
+        if current.is_some_and(RunStatus::is_terminal) {
+            // The trainer reported its own end (`failed` with its reason, say) before exiting:
+            // that status stands (a terminal status is final), and how the process ended is
+            // recorded with it instead of being lost with a refused second `failed`.
+            record_exit(inner, run_id, exit).await;
+            return;
+        }
         record_status(inner, run_id, RunStatus::Failed, &reason, Some(exit)).await;
         return;
     }

@@ -26,6 +26,7 @@ mod metrics;
 mod mlflow;
 mod nul_bodies;
 mod openapi;
+mod reported_exit;
 mod runs;
 mod search_keys;
 mod sweeps;
