@@ -126,7 +126,7 @@ mod tests {
         let want = std::fs::canonicalize(data.path())
             .unwrap()
             .join(DEFAULT_ROOT);
-        assert_eq!(roots.paths(), [want.clone()]);
+        assert_eq!(roots.paths(), std::slice::from_ref(&want));
         assert!(want.is_dir());
         assert!(roots.contain(&want.join("corpus.txt")));
         assert!(!roots.contain(&want.with_file_name("trainyard.db")));
@@ -163,7 +163,7 @@ mod tests {
         // A folder beside the data directory is a root.
         let beside = outer.path().join("corpora");
         std::fs::create_dir_all(&beside).unwrap();
-        let roots = DataRoots::resolve(&[beside.clone()], &data, Some(&db)).unwrap();
+        let roots = DataRoots::resolve(std::slice::from_ref(&beside), &data, Some(&db)).unwrap();
         assert!(roots.contain(&std::fs::canonicalize(&beside).unwrap().join("a.txt")));
     }
 }

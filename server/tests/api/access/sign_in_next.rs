@@ -67,6 +67,15 @@ async fn a_hostile_next_leads_home_and_never_fails(app: &TestApp) {
             .send()
             .await
             .expect("post");
+        // NUL in a form field, too, is refused at the edge for every body (422 naming it).
+        if next.contains('\0') {
+            assert_eq!(
+                signed_in.status(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{next:?}"
+            );
+            continue;
+        }
         assert_eq!(signed_in.status(), StatusCode::SEE_OTHER, "{next:?}");
         assert_eq!(signed_in.headers()["location"], "/", "{next:?}");
 
