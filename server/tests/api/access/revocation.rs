@@ -341,25 +341,47 @@ async fn a_disabled_users_sweep_is_paused_with_the_reason_and_launches_no_more_t
         2,
         "no trial after alice was disabled: {paused:#}"
     );
-    let audit = ok(
-        app,
-        &root,
-        Method::GET,
-        "/api/v1/audit?limit=1000",
-        Value::Null,
-    )
-    .await;
+    // The controller audits its pause right after storing it: wait for the entry.
+    let mut audit = Value::Null;
+    for _ in 0..300 {
+        audit = ok(
+            app,
+            &root,
+            Method::GET,
+            "/api/v1/audit?limit=1000",
+            Value::Null,
+        )
+        .await;
+        let pauses = audit["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|e| e["action"] == "sweep_pause" && e["target"] == id.as_str())
+            .count();
+        if pauses >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let entries = audit["entries"].as_array().expect("entries");
+    let pauses: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["action"] == "sweep_pause" && e["target"] == id.as_str())
+        .collect();
+    assert!(
+        pauses.iter().any(|e| e["actor"] == "admin-token"),
+        "the disable paused it: {audit:#}"
+    );
+    assert!(
+        pauses.iter().any(|e| e["actor"] == "server"),
+        "the controller refused to launch: {audit:#}"
+    );
+    assert!(pauses.iter().all(|e| e["detail"] == reason), "{audit:#}");
     let launches: Vec<&Value> = entries
         .iter()
         .filter(|e| e["action"] == "run_launch")
         .collect();
     assert_eq!(launches.len(), 2, "{audit:#}");
     assert!(launches.iter().all(|e| e["actor"] == "alice"), "{audit:#}");
-    let pauses = entries
-        .iter()
-        .filter(|e| e["action"] == "sweep_pause" && e["target"] == id.as_str())
-        .count();
-    assert!(pauses >= 2, "the disable and the refused launch: {audit:#}");
     ok(app, &root, Method::POST, &format!("{path}/stop"), json!({})).await;
 }
