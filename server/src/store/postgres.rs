@@ -43,7 +43,8 @@ impl Pools {
 /// Points of a series with `from <= step <= to`, in step order, as one row of three arrays:
 /// decoding it costs a fraction of one row per point on both ends of the connection (with the
 /// single raw read beside it, Postgres read-back went from about 1.2 to 2.7 million points/s:
-/// docs/benchmarks.md, store-perf steps 1 and 2). SQLite reads rows (`sql_store/metrics.rs`).
+/// docs/benchmarks-journal.md, store-perf steps 1 and 2). SQLite reads rows
+/// (`sql_store/metrics.rs`).
 /// The points of a series with steps in `from..=to`, in step order, at most `limit`.
 pub async fn raw_points(
     conn: &mut PgConnection,

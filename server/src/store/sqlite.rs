@@ -102,9 +102,9 @@ impl Pools {
 /// batch's points stored, the points are inserted with the seqs reserved for them (the run's
 /// next ones, in input order) without `ON CONFLICT` or `RETURNING`, so no row per point travels
 /// back through sqlx's SQLite worker (SQLite ingest went from about 373,000 to 522,000
-/// points/s: docs/benchmarks.md, store-perf step 5). SQLite has no arrays to send a batch in
-/// one statement, as Postgres does (`postgres/writes.rs`). A re-sent or overlapping batch takes
-/// the upsert.
+/// points/s: docs/benchmarks-journal.md, store-perf step 5). SQLite has no arrays to send a
+/// batch in one statement, as Postgres does (`postgres/writes.rs`). A re-sent or overlapping
+/// batch takes the upsert.
 pub async fn write_batch(store: &SqlStore, run_id: &str, batch: &Batch) -> StoreResult<Appended> {
     let mut tx = store.begin_write().await?;
     let result = write_in(&mut tx, run_id, batch).await;

@@ -16,7 +16,7 @@
 //! second division, and the backward's dL/dpre is one product in place. Recomputed from pre
 //! in the backward (with a copy of dL/dh, and h zero-filled before the GELU wrote it), the
 //! two GELU passes and those fills were 7.8 % of a dense step and 9.0 % of an MoE step on a
-//! Zen 3; 5.9 % and 6.4 % this way (docs/benchmarks.md).
+//! Zen 3; 5.9 % and 6.4 % this way (docs/benchmarks-journal.md).
 //!
 //! The 4E weights reach the op through a chain of link nodes (`link.rs`): `GeluMlp` is the
 //! node on (x, W_fc of expert 0, the last link), reads every expert's tensors itself, and its

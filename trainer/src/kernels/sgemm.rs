@@ -352,7 +352,7 @@ unsafe fn kernel_body(kc: usize, a: *const f32, a_rs: usize, a_cs: usize, bp: *c
     // else its broadcasts are loaded early and spilled), but a Zen 4 ran them at the same
     // speed (it issues one 16-lane multiply-add a cycle, and the adds go elsewhere) and
     // llvm-mca's Ice Lake server model predicts 53 and 52-53 cycles per four steps either
-    // way, against 48 for the multiply-adds alone; see docs/benchmarks.md.
+    // way, against 48 for the multiply-adds alone; see docs/benchmarks-journal.md.
     let mut p = 0;
     while p + 4 <= kc {
         step(&mut acc, p);

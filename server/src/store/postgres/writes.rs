@@ -6,7 +6,7 @@
 //! points, reserves the points' seqs (which locks the run), inserts without a per-point
 //! `ON CONFLICT` check or `RETURNING`, records the write, and updates the series and rollups.
 //! Together that took Postgres ingest from about 250,000 to 380,000 points/s
-//! (docs/benchmarks.md, store-perf steps 3, 4 and 6; per-run seqs added about a fifth on a
+//! (docs/benchmarks-journal.md, store-perf steps 3, 4 and 6; per-run seqs added about a fifth on a
 //! later machine, "Points indexed by (series, step) only"). SQLite has neither arrays nor
 //! concurrent writers; its fast path is in `sqlite.rs`.
 
