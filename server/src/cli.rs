@@ -72,7 +72,8 @@ pub struct ServeArgs {
     )]
     pub admin_token_file: Option<PathBuf>,
     /// A folder whose files launched runs may read (repeatable, or comma-separated in the
-    /// variable). Every path of a launch config must lie in one [default: <data dir>/datasets].
+    /// variable). Every path of a launch config must lie in one [default: the datasets folder
+    /// inside --data-dir].
     #[arg(
         long = "data-root",
         env = "TRAINYARD_DATA_ROOTS",

@@ -25,7 +25,7 @@ pub struct TrainArgs {
     /// Override one key, e.g. `--set training.max_steps=500` (repeatable).
     #[arg(long = "set", visible_alias = "override", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
-    /// Run directory (metrics.jsonl, config.yaml, checkpoints/). Default: runs/run-<unix ms>.
+    /// Run directory (metrics.jsonl, config.yaml, checkpoints/). Default: `runs/run-<unix ms>`.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Continue from a checkpoint: `latest` (the newest in --out) or a checkpoint directory.

@@ -14,7 +14,8 @@ pub enum Rule {
     Public,
     /// Any signed-in caller; what the handler returns is filtered to what the caller may read
     /// (run search, experiment list, the global event stream, compare), and a handler that acts
-    /// on an experiment named in the body checks that experiment with [`crate::access::require`].
+    /// on an experiment named in the body checks that experiment with
+    /// [`crate::access::require_experiment`].
     SignedIn,
     /// `{id}` is a run; the caller needs this level on the run ([`run_level`]: its level on
     /// the run's experiment, narrower on others' runs in the shared experiment).

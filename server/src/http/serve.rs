@@ -292,7 +292,7 @@ async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, std::net::Soc
 }
 
 /// How many connections to serve at once: the configured number, lowered when the open-file
-/// limit would not leave [`FD_RESERVE`] descriptors for everything else (at least one).
+/// limit would not leave `FD_RESERVE` descriptors for everything else (at least one).
 pub fn connection_cap(configured: usize, fd_limit: Option<u64>) -> usize {
     match fd_limit {
         Some(limit) => {

@@ -85,7 +85,7 @@ pub struct Run {
 pub struct NewRun {
     /// Experiment id (already resolved by the caller).
     pub experiment_id: String,
-    /// Generated ("run-<short id>") when absent.
+    /// Generated (`run-<short id>`) when absent.
     pub name: Option<String>,
     pub config: Option<serde_json::Value>,
     pub tags: BTreeMap<String, String>,

@@ -529,8 +529,8 @@ pub struct LoggingConfig {
     pub log_every: usize,
     /// Emit MoE telemetry every N steps.
     pub moe_every: usize,
-    /// Record each layer's gradient and parameter L2 norms (grad_norm/<layer>,
-    /// param_norm/<layer>) every N steps (0 = off).
+    /// Record each layer's gradient and parameter L2 norms (`grad_norm/<layer>`,
+    /// `param_norm/<layer>`) every N steps (0 = off).
     pub layer_norms_every: usize,
     /// Longest time metrics wait before being sent to the server, in milliseconds.
     pub flush_interval_ms: u64,

@@ -1,12 +1,14 @@
 //! An MoE layer's expert outputs back in token order, each weighted by its gate:
 //!
+//! ```text
 //!   y[t]            = Σ_{m : tokens[m] = t} gates[slots[m]] · ys[m]     (m in order)
 //!   dL/dys[m]       = dL/dy[tokens[m]] · gates[slots[m]]
 //!   dL/dgates[s]    = dL/dy[tokens[m]] · ys[m]  over D, for the m with slots[m] = s (0 if none)
+//! ```
 //!
 //! ys (M, D) holds the experts' outputs on their kept assignments, grouped by expert; gates
-//! (N, k) every token's gate per choice; tokens[m] the token of assignment m, and slots[m] =
-//! t·k + j the gate it uses. An assignment dropped by the capacity has no row, so its gate gets
+//! (N, k) every token's gate per choice; `tokens[m]` the token of assignment m, and `slots[m] =
+//! t·k + j` the gate it uses. An assignment dropped by the capacity has no row, so its gate gets
 //! no gradient, and a token with no kept assignment gets a zero row.
 //!
 //! Why one op: from candle's primitives this is a gather of the gates, a broadcast multiply
@@ -24,7 +26,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use super::parallel::{filled_by_chunks, filled_by_rows};
 use super::real::{float_kernel, Real};
 
-/// y (N, D) = Σ gates[slots[m]] · ys[m] into row tokens[m], from ys (M, D) and gates (N, k).
+/// y (N, D) = `Σ gates[slots[m]] · ys[m]` into row `tokens[m]`, from ys (M, D) and gates (N, k).
 /// One op on the fused CPU path; elsewhere a gather, a broadcast multiply and an index-add.
 pub fn combine_rows(ys: &Tensor, gates: &Tensor, tokens: &[u32], slots: &[u32]) -> Result<Tensor> {
     let (m, d) = ys.dims2()?;

@@ -8,7 +8,7 @@
 //!
 //! | op | computes | fused CPU path |
 //! |---|---|---|
-//! | [`linear`] | x·Wᵀ + b over the last dim | one GEMM from the bias; dx, dW by GEMMs, db by column sums |
+//! | [`linear`](fn@linear) | x·Wᵀ + b over the last dim | one GEMM from the bias; dx, dW by GEMMs, db by column sums |
 //! | [`add_bias`] | x + b, x (N, C) | row-wise bias gradient |
 //! | [`layer_norm`], [`rms_norm`] | normalise the last dim, scale (and shift) | LayerNorm with bias: one pass each way |
 //! | [`gelu_tanh`] | GPT-2's tanh-GELU | one pass each way, vectorised |
@@ -18,8 +18,8 @@
 //! | [`combine_rows`] | Σ gate · expert output back into each token's row (MoE) | one op: each token's row written once; dL/dys and dL/dgates once each |
 //! | [`causal_softmax`] | softmax(scale·s + causal mask) | one pass each way |
 //! | [`CausalAttention`] | softmax(q·kᵀ/√hd + mask)·v per head, RoPE | packed q/k/v to merged heads in one op; with the q/k/v projection in the same op (`forward_projected`) |
-//! | [`cross_entropy`] | mean −log softmax(logits)[target] | one pass each way |
-//! | [`residual`] | x + f_n(… f_1(x)), a block's half, each f a fused op ([`Step`]) | one graph node: x its only activation edge, each step's own backward in reverse |
+//! | [`cross_entropy`] | mean −log softmax(logits)\[target\] | one pass each way |
+//! | [`residual`](fn@residual) | x + f_n(… f_1(x)), a block's half, each f a fused op ([`Step`]) | one graph node: x its only activation edge, each step's own backward in reverse |
 //!
 //! Each fused op is one file that says what it computes and why it is fused; tests in
 //! `tests/fused_ops.rs` hold each to its primitive-op reference and to finite differences in

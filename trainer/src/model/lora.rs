@@ -180,7 +180,7 @@ pub fn init_adapters(varmap: &VarMap, seed: u64) -> Result<()> {
     Ok(())
 }
 
-/// The base weights with every adapter folded in: W[rows] += (alpha/r)·B·A. The result has
+/// The base weights with every adapter folded in: `W[rows] += (alpha/r)·B·A`. The result has
 /// only base names, the shapes of a model without adapters.
 pub fn merged_weights(
     varmap: &VarMap,

@@ -128,7 +128,7 @@ pub fn encode(
     })
 }
 
-/// Σ over the masked positions of log softmax(logits)[target]: logits (N, T, V), targets (N, T)
+/// Σ over the masked positions of `log softmax(logits)[target]`: logits (N, T, V), targets (N, T)
 /// u32, mask (N, T) → (N,). From differentiable primitives (the fused cross-entropy is a mean).
 pub fn sequence_logps(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let logits = logits.to_dtype(DType::F32)?;

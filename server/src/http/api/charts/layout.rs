@@ -120,7 +120,7 @@ pub fn group_id(key: &str) -> Option<String> {
     group_of(key).map(|(rank, group)| format!("{rank}:{group}"))
 }
 
-/// Groups metric keys into charts (see [`group_of`]). Within a chart, training series come
+/// Groups metric keys into charts (see `group_of`). Within a chart, training series come
 /// before the others, so colours are stable across runs.
 pub fn chart_groups(keys: &[String]) -> Vec<ChartGroup> {
     // Within a rank, the chart named after the rank comes first (`loss` before `aux_loss`).
