@@ -1,4 +1,4 @@
-//! Measures the search library directly on analytic functions: random search against TPE, with
+//! Measures the search library directly on analytic functions: random search, TPE and the GP, with
 //! and without ASHA pruning, on Branin and Hartmann-6. Each trial "trains" for 100 steps,
 //! reporting every 10 a value that approaches f(x) like 1/sqrt(step), so pruning has a real
 //! curve to judge and its saving in steps shows.
@@ -146,7 +146,7 @@ fn main() -> Result<(), sweep::SpecError> {
     println!("| function | method | pruning | best value (mean ± std) | f(x) of the best (mean ± std) | mean steps used |");
     println!("|---|---|---|---|---|---|");
     for problem in &problems {
-        for method in ["random", "tpe"] {
+        for method in ["random", "tpe", "bayes"] {
             for prune in [false, true] {
                 let mut bests = Vec::new();
                 let mut fxs = Vec::new();

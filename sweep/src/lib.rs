@@ -1,5 +1,6 @@
-//! Hyperparameter search for Trainyard sweeps: the sweep spec, grid, random and TPE search,
-//! ASHA, median and Hyperband early stopping, and fANOVA parameter importance.
+//! Hyperparameter search for Trainyard sweeps: the sweep spec, grid, random, TPE and
+//! Gaussian-process search, ASHA, median and Hyperband early stopping, and fANOVA parameter
+//! importance.
 //!
 //! Everything here is a pure function of its arguments: the server's sweep controller keeps the
 //! state (trials, their metric values, the rung bookkeeping) in its database and asks again
@@ -7,9 +8,13 @@
 
 use std::collections::BTreeMap;
 
+mod dims;
 mod forest;
+mod gp;
 mod grid;
+mod history;
 mod importance;
+mod optim;
 mod params;
 mod parse;
 mod parzen;
@@ -26,6 +31,7 @@ pub use importance::importance;
 pub use prune::{assign_bracket, judge, next_rung};
 pub use spec::{
     Base, Command, EarlyTerminate, Goal, Method, Metric, Param, Resources, SpecError, SweepSpec,
+    AUTO_BAYES_MAX_PARAMS, AUTO_BAYES_MAX_TRIALS,
 };
 pub use trial::{Trial, TrialState, Verdict};
 
@@ -39,14 +45,31 @@ pub type Params = BTreeMap<String, serde_json::Value>;
 /// below `number` are looked at, so re-asking after a restart gives the same answer for the same
 /// history. History values the current space cannot produce (the spec changed mid-sweep) are
 /// ignored for that parameter.
+///
+/// A model-based suggestion (`tpe`, `bayes`) is CPU work: up to a few hundred milliseconds for
+/// a GP over hundreds of trials. An async caller should run it on a blocking thread.
 pub fn suggest(spec: &SweepSpec, trials: &[Trial], number: u32) -> Option<Params> {
     if number >= spec.max_trials {
         return None;
     }
     let earlier: Vec<&Trial> = trials.iter().filter(|t| t.number < number).collect();
-    match spec.method {
+    match spec.method.resolve(spec) {
         Method::Grid => grid::suggest(spec, &earlier),
         Method::Random => Some(random::suggest(spec, number)),
-        Method::Tpe => Some(tpe::suggest(spec, &earlier, number)),
+        Method::Tpe | Method::Auto => Some(tpe::suggest(spec, &earlier, number)),
+        Method::Bayes => Some(gp::suggest(spec, &earlier, number)),
+    }
+}
+
+/// Whether the sweep has nothing more to suggest at trial `number` (the budget is spent, or a
+/// grid is exhausted): what `suggest(..).is_none()` says, without the cost of a model-based
+/// suggestion.
+pub fn exhausted(spec: &SweepSpec, trials: &[Trial], number: u32) -> bool {
+    if number >= spec.max_trials {
+        return true;
+    }
+    match spec.method {
+        Method::Grid => suggest(spec, trials, number).is_none(),
+        _ => false,
     }
 }

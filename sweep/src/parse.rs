@@ -256,12 +256,10 @@ pub(crate) fn parse_spec(v: &Value) -> Res<SweepSpec> {
         (Some((v, field)), _) => bounded(v, &field, 1, MAX_TRIALS.into())? as u32,
         // Validated to be at most MAX_GRID, which fits.
         (None, Some(size)) => size as u32,
-        (None, None) => {
-            return Err(SpecError::new(
-                "max_trials",
-                "is required for random and tpe search (only a grid has a natural size)",
-            ))
-        }
+        (None, None) => return Err(SpecError::new(
+            "max_trials",
+            "is required for random, tpe, bayes and auto search (only a grid has a natural size)",
+        )),
     };
     if let Some(v) = top.get("parallel") {
         spec.parallel = bounded(v, "parallel", 1, MAX_PARALLEL.into())? as u32;
@@ -289,7 +287,7 @@ fn check_grid(spec: &SweepSpec) -> Res<u64> {
             return Err(SpecError::new(
                 format!("parameters.{key}"),
                 "grid search needs a finite set of values, and this range is continuous; use values, \
-                 int_uniform or q_uniform, or the random or tpe method",
+                 int_uniform or q_uniform, or the random, tpe or bayes method",
             ));
         }
     }
@@ -298,7 +296,7 @@ fn check_grid(spec: &SweepSpec) -> Res<u64> {
         size => Err(SpecError::new(
             "parameters",
             match size {
-                Some(s) => format!("the grid has {s} points, more than the limit of {MAX_GRID}; use random or tpe search"),
+                Some(s) => format!("the grid has {s} points, more than the limit of {MAX_GRID}; use random, tpe or bayes search"),
                 None => format!("the grid has more points than can be counted (the limit is {MAX_GRID})"),
             },
         )),
@@ -431,11 +429,12 @@ fn parse_method(v: &Value) -> Res<Method> {
     match text(v, "method")?.as_str() {
         "grid" => Ok(Method::Grid),
         "random" => Ok(Method::Random),
-        // W&B calls its model-based search `bayes`; TPE is this library's model-based search.
-        "tpe" | "bayes" => Ok(Method::Tpe),
+        "tpe" => Ok(Method::Tpe),
+        "bayes" => Ok(Method::Bayes),
+        "auto" => Ok(Method::Auto),
         other => Err(SpecError::new(
             "method",
-            format!("unknown method `{other}`; expected grid, random or tpe"),
+            format!("unknown method `{other}`; expected grid, random, tpe, bayes or auto"),
         )),
     }
 }

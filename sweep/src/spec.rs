@@ -74,12 +74,52 @@ pub enum Goal {
     Maximize,
 }
 
+/// Budgets up to which `auto` picks the Gaussian process (its fit grows with the cube of the
+/// trials, and TPE catches up with it as trials accumulate).
+pub const AUTO_BAYES_MAX_TRIALS: u32 = 200;
+/// Searched parameters up to which `auto` picks the Gaussian process.
+pub const AUTO_BAYES_MAX_PARAMS: usize = 20;
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     Grid,
     Random,
+    /// The multivariate Tree-structured Parzen Estimator.
     Tpe,
+    /// Gaussian-process Bayesian optimization (Matérn-5/2, log expected improvement).
+    Bayes,
+    /// `bayes` or `tpe`, chosen per suggestion from the budget and the space (`Method::resolve`).
+    Auto,
+}
+
+impl Method {
+    /// `auto`'s choice: `bayes` for budgets of at most `AUTO_BAYES_MAX_TRIALS` trials over at
+    /// most `AUTO_BAYES_MAX_PARAMS` searched parameters of which at most half are categorical
+    /// (a GP's strength: few trials, mostly ordered parameters); `tpe` otherwise (many trials,
+    /// many parameters, or mostly unordered choices). Other methods are themselves.
+    pub fn resolve(self, spec: &SweepSpec) -> Method {
+        if self != Method::Auto {
+            return self;
+        }
+        let searched: Vec<&Param> = spec
+            .parameters
+            .values()
+            .filter(|p| crate::dims::kind(p).is_some())
+            .collect();
+        let categorical = searched
+            .iter()
+            .filter(|p| matches!(p, Param::Categorical { .. }))
+            .count();
+        if spec.max_trials <= AUTO_BAYES_MAX_TRIALS
+            && searched.len() <= AUTO_BAYES_MAX_PARAMS
+            && 2 * categorical <= searched.len()
+        {
+            Method::Bayes
+        } else {
+            Method::Tpe
+        }
+    }
 }
 
 /// One parameter's distribution. Bounds are inclusive and are the values themselves (also for
@@ -206,6 +246,11 @@ impl SweepSpec {
             size = size.checked_mul(space::grid_count(param)?)?;
         }
         Some(size)
+    }
+
+    /// The method `auto` stands for with this spec (any other method is itself).
+    pub fn resolved_method(&self) -> Method {
+        self.method.resolve(self)
     }
 
     /// Whether a larger metric value is better.

@@ -1,5 +1,6 @@
-//! Analytic test functions with known minima, for measuring the search (tests and the
-//! `quality` example).
+//! Analytic test functions with known minima, for measuring the search (tests, the `quality`
+//! and `search` examples, and bench/sweep_quality.py, which holds the same functions in
+//! Python for Optuna).
 
 use std::f64::consts::PI;
 
@@ -44,6 +45,33 @@ pub fn hartmann6(x: &[f64; 6]) -> f64 {
         .sum::<f64>()
 }
 
+/// The choices of `mixed`'s optimizer, and for each its best log10 learning rate and its floor.
+pub const MIXED_OPTIMIZERS: [(&str, f64, f64); 4] = [
+    ("sgd", -1.0, 0.8),
+    ("momentum", -1.7, 0.4),
+    ("adam", -3.0, 0.1),
+    ("adamw", -2.8, 0.0),
+];
+/// `mixed`'s global minimum, reached at adamw, lr = 10^-2.8, depth 5, width 128, dropout 0.3.
+pub const MIXED_MIN: f64 = 0.0;
+
+/// A synthetic "training loss" over a mixed space, minimum 0: `optimizer` one of
+/// `MIXED_OPTIMIZERS` (by index), `lr` log-uniform in [1e-5, 1], `depth` an integer in [1, 8],
+/// `width` an integer in [8, 1024] on a log scale, `dropout` in [0, 0.6]. The parameters
+/// interact the way real ones do: the best learning rate depends on the optimizer, the best
+/// width on the depth, the best dropout on the width.
+pub fn mixed(optimizer: usize, lr: f64, depth: i64, width: i64, dropout: f64) -> f64 {
+    let (_, best_lr, floor) = MIXED_OPTIMIZERS[optimizer.min(MIXED_OPTIMIZERS.len() - 1)];
+    let log_width = (width as f64).log2();
+    let best_width = 4.0 + 0.6 * depth as f64;
+    let best_dropout = 0.1 + 0.05 * (log_width - 3.0);
+    floor
+        + 0.5 * (lr.log10() - best_lr).powi(2)
+        + 0.15 * (depth as f64 - 5.0).powi(2)
+        + 0.25 * (log_width - best_width).powi(2)
+        + 4.0 * (dropout - best_dropout).powi(2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +85,14 @@ mod tests {
             );
         }
         assert!(branin(0.0, 0.0) > BRANIN_MIN + 1.0);
+    }
+
+    #[test]
+    fn mixed_reaches_its_minimum_at_the_known_minimizer_only() {
+        assert!((mixed(3, 10f64.powf(-2.8), 5, 128, 0.3) - MIXED_MIN).abs() < 1e-12);
+        assert!(mixed(2, 10f64.powf(-2.8), 5, 128, 0.3) > 0.1);
+        assert!(mixed(3, 10f64.powf(-2.8), 4, 128, 0.3) > 0.1);
+        assert!(mixed(3, 1e-2, 5, 128, 0.3) > 0.1);
     }
 
     #[test]

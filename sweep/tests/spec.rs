@@ -114,7 +114,7 @@ early_terminate: {type: hyperband, min_iter: 3, max_iter: 81, eta: 3}
 "#,
     )
     .unwrap();
-    assert_eq!(spec.method, Method::Tpe);
+    assert_eq!(spec.method, Method::Bayes);
     assert_eq!(spec.max_trials, 30);
     assert_eq!(spec.metric.goal, Goal::Maximize);
     assert_eq!(
@@ -236,7 +236,7 @@ fn each_bad_spec_names_the_field_at_fault_in_plain_words() {
             "misspelt method",
             Box::new(|v| v["method"] = json!("bays")),
             "method",
-            "unknown method `bays`; expected grid, random or tpe",
+            "unknown method `bays`; expected grid, random, tpe, bayes or auto",
         ),
         (
             "metric without name",

@@ -153,7 +153,7 @@ async fn tick(state: &AppState, id: &str, curves: &mut Curves) -> anyhow::Result
     let spent = rows.len() >= spec.max_trials as usize;
     let exhausted = !spent
         && sweep.state == SweepState::Running
-        && sweep::suggest(&spec, &search_trials(&rows, curves), rows.len() as u32).is_none();
+        && sweep::exhausted(&spec, &search_trials(&rows, curves), rows.len() as u32);
     if active == 0 && (spent || exhausted) {
         let message = if spent {
             format!("its budget of {} trials is spent", spec.max_trials)
@@ -447,7 +447,12 @@ async fn launch_trials(
             return Ok(true);
         }
         let number = rows.len() as u32;
-        let Some(params) = sweep::suggest(spec, &search_trials(rows, curves), number) else {
+        // A model-based suggestion is CPU work (a GP fit): off the async workers.
+        let (for_search, trials) = (spec.clone(), search_trials(rows, curves));
+        let suggested =
+            tokio::task::spawn_blocking(move || sweep::suggest(&for_search, &trials, number))
+                .await?;
+        let Some(params) = suggested else {
             break;
         };
         // Checked again right before each launch (a creator may be disabled meanwhile).

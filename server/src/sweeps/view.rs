@@ -46,7 +46,7 @@ pub struct SweepSummary {
     pub message: Option<String>,
     /// The spec's version (1, then one more per change).
     pub version: i64,
-    /// grid, random or tpe.
+    /// grid, random, tpe, bayes or auto.
     pub method: String,
     pub metric: String,
     /// minimize or maximize.
@@ -115,6 +115,8 @@ fn method_name(method: sweep::Method) -> &'static str {
         sweep::Method::Grid => "grid",
         sweep::Method::Random => "random",
         sweep::Method::Tpe => "tpe",
+        sweep::Method::Bayes => "bayes",
+        sweep::Method::Auto => "auto",
     }
 }
 
