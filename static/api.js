@@ -63,10 +63,12 @@ export function fetchExpertUtilization(runId, maxSteps) {
 }
 
 /**
- * The run's charts as its page lays them out, `{charts: [{id, title, keys, x_unit}],
- * heatmaps: [{layer, experts, keys}]}` in page order: the server's one grouping rule, which
- * the run page follows for keys that appear while it is open.
+ * One page of the run's charts as its page lays them out, `{charts: [{id, title, keys,
+ * total_keys, x_unit}], heatmaps: [{layer, experts, keys}], next_cursor, total_charts}` in page
+ * order: the server's one grouping rule, which the run page follows for keys that appear while
+ * it is open. Without `cursor`, the first page (with the heatmaps).
  */
-export function fetchChartLayout(runId) {
-  return getJSON(`${runPath(runId)}/charts`);
+export function fetchChartLayout(runId, { cursor } = {}) {
+  const query = cursor ? `?${new URLSearchParams({ cursor })}` : "";
+  return getJSON(`${runPath(runId)}/charts${query}`);
 }

@@ -139,9 +139,12 @@ async function applyLayout(layout) {
   await Promise.all(work);
 }
 
-// One layout request at a time; keys that show up meanwhile are covered by one more.
+// One layout request at a time; keys that show up meanwhile are covered by one more. It reads
+// the layout's first page: charts on later pages get cards when the user asks for them.
 let layoutRun = null;
 let layoutAgain = false;
+/** Whether the last layout read succeeded. */
+let layoutRead = false;
 function refreshLayout() {
   if (layoutRun) { layoutAgain = true; return layoutRun; }
   layoutRun = (async () => {
@@ -149,8 +152,10 @@ function refreshLayout() {
       layoutAgain = false;
       try {
         await applyLayout(await fetchChartLayout(runId));
+        layoutRead = true;
       } catch (err) {
         // The keys stay unknown, so their next point asks again.
+        layoutRead = false;
         console.warn("chart layout:", err);
       }
     } while (layoutAgain);
@@ -159,7 +164,43 @@ function refreshLayout() {
   })();
   return layoutRun;
 }
-feed.onUnknown = () => { refreshLayout(); };
+feed.onUnknown = async (keys) => {
+  await refreshLayout();
+  // A key the first page has no card for belongs to a later page (or past a chart's key
+  // limit): it is not asked about again; "Show more charts" gives its card.
+  if (layoutRead) for (const k of keys) if (!feed.shows(k)) feed.ignored.add(k);
+};
+
+/** "Show more charts": the layout's next page, appended below the cards there are. */
+function wireMoreCharts() {
+  const more = document.getElementById("charts-more");
+  if (!more) return;
+  more.addEventListener("click", async () => {
+    more.disabled = true;
+    try {
+      const page = await fetchChartLayout(runId, { cursor: more.dataset.cursor });
+      const container = document.getElementById("charts");
+      const added = page.charts.filter((g) => !cards.has(g.id)).map((g) => {
+        const card = chartCard(g);
+        container.append(card);
+        return initChart(card.querySelector(".chart-box"));
+      });
+      const count = document.getElementById("charts-count");
+      // initChart registers its card before it reads anything.
+      if (count) count.textContent = `${cards.size} of ${page.total_charts} charts shown`;
+      if (page.next_cursor) {
+        more.dataset.cursor = page.next_cursor;
+        more.disabled = false;
+      } else {
+        document.getElementById("charts-more-row")?.remove();
+      }
+      await Promise.all(added);
+    } catch (err) {
+      more.disabled = false;
+      console.warn("more charts:", err);
+    }
+  });
+}
 
 // The instability guard's points (trainer::wire::guard_keys) change its event panel, which
 // static/checkpoints.js fetches from the server like the other panels.
@@ -299,6 +340,7 @@ function wireForms() {
 wireControls();
 wireLogs();
 wireForms();
+wireMoreCharts();
 // Points up to the page's latest step come from the (downsampled) metric reads; the stream
 // only needs what follows. After a drop, EventSource resumes with Last-Event-ID.
 const afterStep = root.dataset.afterStep;

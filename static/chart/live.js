@@ -15,6 +15,9 @@ export class LiveFeed {
     this.sinks = new Map(); // key -> [fn(point)]
     this.held = new Map(); // key -> Set of arrays, one per read in flight
     this.series = new Map(); // key -> [{chart, series}]
+    /** Keys no card will show (past the charts drawn, past a chart's key limit): their
+     *  points are not reported through `onUnknown` again. */
+    this.ignored = new Set();
     /** Called with the keys of a `points` event that nothing shows. */
     this.onUnknown = null;
     /** Called with (key, step, value) when a key's latest (highest-step) point changes. */
@@ -75,7 +78,7 @@ export class LiveFeed {
     const unknown = new Set();
     for (const p of points) {
       for (const held of this.held.get(p.key) ?? []) held.push(p);
-      if (!this.shows(p.key)) unknown.add(p.key);
+      if (!this.shows(p.key) && !this.ignored.has(p.key)) unknown.add(p.key);
       for (const fn of this.sinks.get(p.key) ?? []) fn(p);
       for (const { chart, series } of this.series.get(p.key) ?? []) {
         if (series.append(p.step, p.value, p.time ?? Date.now())) touched.add(chart);

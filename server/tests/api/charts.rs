@@ -9,7 +9,10 @@ async fn the_chart_layout_groups_a_runs_keys_as_its_page_does() {
     let app = spawn_app().await;
     let id = app.create_run("layout").await;
     let empty = app.get_json(&format!("/api/v1/runs/{id}/charts")).await;
-    assert_eq!(empty, json!({"charts": [], "heatmaps": []}));
+    assert_eq!(
+        empty,
+        json!({"charts": [], "heatmaps": [], "next_cursor": null, "total_charts": 0})
+    );
     app.post_points(
         &id,
         &[
@@ -26,9 +29,12 @@ async fn the_chart_layout_groups_a_runs_keys_as_its_page_does() {
     assert_eq!(
         layout["charts"],
         json!([
-            {"id": "0:loss", "title": "Loss", "keys": ["train/loss", "val/loss"], "x_unit": "step"},
-            {"id": "1:lr", "title": "Learning rate", "keys": ["train/lr"], "x_unit": "step"},
-            {"id": "9:sys/rss_mb", "title": "sys/rss_mb", "keys": ["sys/rss_mb"], "x_unit": "seconds"},
+            {"id": "0:loss", "title": "Loss", "keys": ["train/loss", "val/loss"], "total_keys": 2,
+             "x_unit": "step"},
+            {"id": "1:lr", "title": "Learning rate", "keys": ["train/lr"], "total_keys": 1,
+             "x_unit": "step"},
+            {"id": "9:sys/rss_mb", "title": "sys/rss_mb", "keys": ["sys/rss_mb"], "total_keys": 1,
+             "x_unit": "seconds"},
         ])
     );
     assert_eq!(

@@ -45,7 +45,7 @@ fn write_checkpoint(run_dir: &Path, model: ModelConfig, cache: &Path) {
     cfg.training.seq_len = 16;
     cfg.training.max_steps = 10;
     cfg.training.warmup_steps = 0;
-    cfg.training.device = "cpu".into();
+    cfg.training.device = "cpu".parse().expect("the CPU device");
     cfg.training.eval_iters = 1;
     cfg.data.cache_dir = cache.display().to_string();
     cfg.validate().expect("a valid config");

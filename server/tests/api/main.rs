@@ -9,6 +9,7 @@ mod helpers;
 mod kit;
 
 mod access;
+mod amplification;
 mod auth;
 mod bounds;
 mod charts;

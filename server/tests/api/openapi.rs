@@ -108,7 +108,18 @@ async fn the_chart_routes_document_every_query_parameter_they_read() {
         .and_then(|ps| ps.iter().find(|p| p["name"] == "width"))
         .cloned()
         .unwrap_or_default();
-    assert_eq!(width["schema"]["maximum"], 4000, "{width}");
+    assert_eq!(
+        width["schema"]["maximum"],
+        trainyard::http::api::charts::MAX_CHART_PX,
+        "{width}"
+    );
+    let layout = names("/api/v1/runs/{id}/charts");
+    for name in ["id", "limit", "cursor"] {
+        assert!(
+            layout.iter().any(|n| n == name),
+            "chart layout: {name} missing from {layout:?}"
+        );
+    }
     // Every documented parameter is handled: bad values are 400s naming the parameter.
     let run_id = app.create_run("charts").await;
     for name in chart {

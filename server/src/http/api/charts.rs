@@ -244,20 +244,42 @@ async fn render_pooled(
         .map_err(|e| ChartError::Render(e.to_string()))?
 }
 
-/// The run's charts as its page lays them out: which keys share a chart, in page order, and
-/// the expert-utilisation heatmaps. The page's script creates the cards of keys that appear
-/// after it loaded from this.
+/// Which page of a run's chart layout.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LayoutParams {
+    /// Charts per page, 1 to 100 (default 24).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 100)]
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// The run's charts as its page lays them out, a page at a time: which keys share a chart
+/// (at most 128 each), in page order, and on the first page the expert-utilisation heatmaps.
+/// The run page draws the first page and loads the next ones on demand; its script creates the
+/// cards of keys that appear after it loaded from the first page.
 #[utoipa::path(get, path = "/api/v1/runs/{id}/charts", tag = "charts",
-    params(("id" = String, Path, description = "Run id")),
+    params(("id" = String, Path, description = "Run id"), LayoutParams),
     responses(
         (status = 200, body = ChartLayout),
+        (status = 400, description = "A bad `limit` or `cursor`, named in `field`",
+            body = ErrorBody),
         (status = 404, description = "Unknown run", body = ErrorBody),
     ))]
 #[tracing::instrument(skip(state))]
 pub async fn run_chart_layout(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<LayoutParams>,
 ) -> Result<Json<ChartLayout>, ApiError> {
+    let limit = int_in(
+        "limit",
+        params.limit.as_deref(),
+        1..=layout::MAX_CHART_PAGE as i64,
+        "",
+    )?
+    .map_or(layout::DEFAULT_CHART_PAGE, |n| n as usize);
     let keys: Vec<String> = state
         .store
         .metric_keys(&id)
@@ -265,7 +287,10 @@ pub async fn run_chart_layout(
         .into_iter()
         .map(|k| k.key)
         .collect();
-    Ok(Json(layout::layout(&keys)))
+    let cursor = params.cursor.as_deref().filter(|c| !c.is_empty());
+    let page =
+        layout::page(&keys, cursor, limit).map_err(|m| ApiError::bad_request("cursor", m))?;
+    Ok(Json(page))
 }
 
 /// The path of a run's chart (documentation only: the handler takes the path as a tuple).

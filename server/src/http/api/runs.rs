@@ -107,8 +107,14 @@ impl CreateRun {
     }
 }
 
+/// Latest metrics a runs list item carries at most: a run may log any number of keys, and a
+/// page of items stays small whatever its runs hold.
+pub const LIST_METRICS: usize = 100;
+
 /// A run as the runs list shows it: everything but the config (its flattened `params` are
-/// here) and at most the first 1,024 bytes of the notes. `GET /api/v1/runs/{id}` has both whole.
+/// here), at most the first 1,024 bytes of the notes and at most 100 latest metrics (the ones
+/// the search sorts or filters by, then the most recently logged). `GET /api/v1/runs/{id}` has
+/// them all.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RunSummary {
     pub id: String,
@@ -126,13 +132,59 @@ pub struct RunSummary {
     /// True when `notes` is only the start of the run's notes.
     pub notes_truncated: bool,
     pub exit: Option<ExitInfo>,
+    /// At most 100 metric keys' latest points: those the search's `sort` and `q` name, then
+    /// the most recently logged.
     pub latest_metrics: BTreeMap<String, LatestMetric>,
+    /// How many metric keys the run has (more than `latest_metrics` holds when truncated).
+    pub latest_metrics_total: usize,
+    /// True when `latest_metrics` holds only some of the run's keys.
+    pub latest_metrics_truncated: bool,
     /// The user who created the run.
     pub created_by: Option<String>,
 }
 
-impl From<Run> for RunSummary {
-    fn from(run: Run) -> Self {
+/// At most [`LIST_METRICS`] of `all`: the keys `wanted` first, then the most recently logged
+/// (latest time, then highest step, then key order).
+pub fn list_metrics(
+    all: BTreeMap<String, LatestMetric>,
+    wanted: &[String],
+) -> BTreeMap<String, LatestMetric> {
+    if all.len() <= LIST_METRICS {
+        return all;
+    }
+    use std::cmp::Reverse;
+    let wanted: std::collections::HashSet<&String> = wanted.iter().collect();
+    let mut ranked: Vec<(bool, String, LatestMetric)> = all
+        .into_iter()
+        .map(|(k, m)| (!wanted.contains(&k), k, m))
+        .collect();
+    ranked.sort_by(|(la, ka, a), (lb, kb, b)| {
+        (la, Reverse(a.time), Reverse(a.step), ka).cmp(&(lb, Reverse(b.time), Reverse(b.step), kb))
+    });
+    ranked.truncate(LIST_METRICS);
+    ranked.into_iter().map(|(_, k, m)| (k, m)).collect()
+}
+
+/// The metric keys among `keys` a search may name: the one `sort=metrics.K` sorts by, and
+/// those whose name appears in the filter `q` (however it quotes them).
+fn named_metrics<'a>(params: &SearchParams, keys: impl Iterator<Item = &'a String>) -> Vec<String> {
+    let sort = params.value("sort");
+    let sorted = sort
+        .trim_start_matches(['-', '+'])
+        .strip_prefix("metrics.")
+        .unwrap_or("");
+    let q = params.value("q");
+    keys.filter(|k| k.as_str() == sorted || (!q.is_empty() && q.contains(k.as_str())))
+        .cloned()
+        .collect()
+}
+
+impl RunSummary {
+    /// The list item of `run`, keeping the metrics `wanted` when it has too many to list.
+    pub fn of(mut run: Run, wanted: &[String]) -> Self {
+        let all = std::mem::take(&mut run.latest_metrics);
+        let latest_metrics_total = all.len();
+        let latest_metrics = list_metrics(all, wanted);
         let notes_truncated = run.notes.len() > LIST_NOTES_LEN;
         let notes = if notes_truncated {
             preview(&run.notes, LIST_NOTES_LEN).to_string()
@@ -152,7 +204,9 @@ impl From<Run> for RunSummary {
             notes,
             notes_truncated,
             exit: run.exit,
-            latest_metrics: run.latest_metrics,
+            latest_metrics_truncated: latest_metrics.len() < latest_metrics_total,
+            latest_metrics_total,
+            latest_metrics,
             created_by: run.created_by,
         }
     }
@@ -256,8 +310,19 @@ pub async fn search_runs(
         .search_runs(&query)
         .await
         .map_err(crate::search::SearchOrStoreError::from)?;
+    let runs = page
+        .runs
+        .into_iter()
+        .map(|run| {
+            let wanted = match run.latest_metrics.len() > LIST_METRICS {
+                true => named_metrics(&params, run.latest_metrics.keys()),
+                false => Vec::new(),
+            };
+            RunSummary::of(run, &wanted)
+        })
+        .collect();
     Ok(Json(RunList {
-        runs: page.runs.into_iter().map(RunSummary::from).collect(),
+        runs,
         next_cursor: page.next_cursor,
     }))
 }

@@ -44,8 +44,16 @@ pub(super) async fn run_page(
         .into_iter()
         .map(|k| k.key)
         .collect();
-    let charts = chart_groups(&keys)
+    // The first charts only: a run may have any number of keys, the rest load on demand.
+    let layout = crate::http::api::charts::layout::first_page(
+        &keys,
+        crate::http::api::charts::layout::DEFAULT_CHART_PAGE,
+    );
+    let (charts_next, charts_total) = (layout.next_cursor.unwrap_or_default(), layout.total_charts);
+    let charts = layout
+        .charts
         .into_iter()
+        .map(|group| (group.title, group.keys))
         .map(|(title, keys)| ChartCard {
             latest: keys
                 .first()
@@ -93,6 +101,8 @@ pub(super) async fn run_page(
         },
         heatmaps: heatmap_cards(&keys),
         charts,
+        charts_next,
+        charts_total,
         checkpoints,
         history,
         guard_events,

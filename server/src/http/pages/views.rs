@@ -203,7 +203,12 @@ pub struct HistoryRow {
 pub struct RunPage {
     pub nav: &'static str,
     pub run: RunHeader,
+    /// The first page of the run's charts; the script loads the next ones on demand.
     pub charts: Vec<ChartCard>,
+    /// The chart layout's `next_cursor` after them (empty: every chart is drawn).
+    pub charts_next: String,
+    /// The run's charts in all.
+    pub charts_total: usize,
     pub heatmaps: Vec<HeatmapCard>,
     pub checkpoints: Vec<CheckpointRow>,
     pub history: Vec<HistoryRow>,

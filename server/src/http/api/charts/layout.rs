@@ -42,13 +42,27 @@ impl XUnit {
     }
 }
 
+/// Keys one chart overlays at most (a per-layer norm card of a 100-layer model fits); a run
+/// whose keys would put more in one chart has the first of them drawn.
+pub const MAX_KEYS_PER_CHART: usize = 128;
+/// Heatmaps (MoE layers) laid out at most, and experts per heatmap: expert keys past them are
+/// not drawn (an expert index is any 32-bit number a client sends).
+pub const MAX_HEATMAP_LAYERS: usize = 64;
+pub const MAX_HEATMAP_EXPERTS: u32 = 256;
+/// Charts in one page of the layout by default, and at most.
+pub const DEFAULT_CHART_PAGE: usize = 24;
+pub const MAX_CHART_PAGE: usize = 100;
+
 /// One chart card: the keys it overlays, in colour order.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ChartGroup {
     /// Stable across page loads: identifies the card for live additions.
     pub id: String,
     pub title: String,
+    /// At most 128: the first of the chart's keys.
     pub keys: Vec<String>,
+    /// How many keys the run has for this chart (more than `keys` when they were cut).
+    pub total_keys: usize,
     pub x_unit: XUnit,
 }
 
@@ -60,11 +74,16 @@ pub struct HeatmapGroup {
     pub keys: Vec<String>,
 }
 
-/// A run's charts in page order.
+/// One page of a run's charts, in page order.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ChartLayout {
     pub charts: Vec<ChartGroup>,
+    /// The expert-utilisation heatmaps (on the first page only).
     pub heatmaps: Vec<HeatmapGroup>,
+    /// Pass back as `cursor` for the next charts; null on the last page.
+    pub next_cursor: Option<String>,
+    /// The run's charts on all pages.
+    pub total_charts: usize,
 }
 
 /// The chart a key belongs to, as (rank, group): keys sharing their last path segment share a
@@ -139,14 +158,69 @@ pub fn chart_groups(keys: &[String]) -> Vec<ChartGroup> {
         .map(|((rank, _, group), mut ks)| {
             ks.sort_by_key(|k| (!k.starts_with("train"), k.clone()));
             ks.dedup();
+            let total_keys = ks.len();
+            ks.truncate(MAX_KEYS_PER_CHART);
             ChartGroup {
                 id: format!("{rank}:{group}"),
                 title: chart_title(&group),
                 x_unit: XUnit::of(&ks[0]),
                 keys: ks,
+                total_keys,
             }
         })
         .collect()
+}
+
+/// Where the chart `id` (`rank:group`) comes in page order.
+fn order_of(id: &str) -> Option<(u8, bool, &str)> {
+    let (rank, group) = id.split_once(':')?;
+    let named_otherwise = !matches!(group, "loss" | "lr");
+    Some((rank.parse().ok()?, named_otherwise, group))
+}
+
+/// The charts after `cursor` (a chart id, as `next_cursor` gives it; `None`: from the first),
+/// at most `limit` of them, with the heatmaps on the first page. A chart added before the
+/// cursor while a client pages is on the first page, which the run page reads again.
+pub fn page(keys: &[String], cursor: Option<&str>, limit: usize) -> Result<ChartLayout, String> {
+    let after = match cursor {
+        None => None,
+        Some(c) => Some(order_of(c).ok_or_else(|| {
+            format!(
+                "cursor `{}` is not a chart id from next_cursor",
+                c.escape_debug()
+            )
+        })?),
+    };
+    let all = chart_groups(keys);
+    let total_charts = all.len();
+    let mut rest: Vec<ChartGroup> = all
+        .into_iter()
+        .filter(|g| match (&after, order_of(&g.id)) {
+            (Some(after), Some(order)) => order > *after,
+            _ => true,
+        })
+        .collect();
+    let more = rest.len() > limit;
+    rest.truncate(limit);
+    Ok(ChartLayout {
+        next_cursor: more.then(|| rest.last().map(|g| g.id.clone())).flatten(),
+        heatmaps: match cursor {
+            None => heatmap_groups(keys),
+            Some(_) => Vec::new(),
+        },
+        charts: rest,
+        total_charts,
+    })
+}
+
+/// The first page of the charts of `keys` (what the run page draws).
+pub fn first_page(keys: &[String], limit: usize) -> ChartLayout {
+    page(keys, None, limit).unwrap_or_else(|_| ChartLayout {
+        charts: Vec::new(),
+        heatmaps: Vec::new(),
+        next_cursor: None,
+        total_charts: 0,
+    })
 }
 
 fn chart_title(group: &str) -> String {
@@ -171,13 +245,14 @@ fn chart_title(group: &str) -> String {
 pub fn heatmap_groups(keys: &[String]) -> Vec<HeatmapGroup> {
     let mut layers: BTreeMap<u32, u32> = BTreeMap::new();
     for k in keys {
-        if let Some((l, e)) = moe_keys::parse_expert(k) {
+        if let Some((l, e)) = moe_keys::parse_expert(k).filter(|(_, e)| *e < MAX_HEATMAP_EXPERTS) {
             let n = layers.entry(l).or_insert(0);
             *n = (*n).max(e.saturating_add(1));
         }
     }
     layers
         .into_iter()
+        .take(MAX_HEATMAP_LAYERS)
         .map(|(layer, experts)| HeatmapGroup {
             layer,
             experts,
@@ -186,14 +261,6 @@ pub fn heatmap_groups(keys: &[String]) -> Vec<HeatmapGroup> {
                 .collect(),
         })
         .collect()
-}
-
-/// Both, for a run's keys.
-pub fn layout(keys: &[String]) -> ChartLayout {
-    ChartLayout {
-        charts: chart_groups(keys),
-        heatmaps: heatmap_groups(keys),
-    }
 }
 
 #[cfg(test)]
@@ -284,6 +351,38 @@ mod tests {
         );
         assert_eq!(group_id("grad_norm/layer7"), Some(groups[2].id.clone()));
         assert_eq!(group_id("guard/rollback_to"), None, "listed as an event");
+    }
+
+    #[test]
+    fn the_layout_pages_by_chart_and_bounds_keys_per_chart_and_heatmap() {
+        // 300 charts of their own, one chart of 1000 keys sharing a leaf, absurd expert keys.
+        let mut k: Vec<String> = (0..300).map(|i| format!("custom/metric{i:03}")).collect();
+        k.extend((0..1000).map(|i| format!("head{i}/loss")));
+        k.push("moe/layer0/expert4000000000".into());
+        k.push("moe/layer0/expert1".into());
+        k.extend((0..100).map(|l| format!("moe/layer{}/expert0", l + 1)));
+        let first = page(&k, None, 10).unwrap();
+        assert_eq!(first.total_charts, 301);
+        assert_eq!(first.charts.len(), 10);
+        assert_eq!(first.charts[0].keys.len(), MAX_KEYS_PER_CHART);
+        assert_eq!(first.charts[0].total_keys, 1000);
+        assert_eq!(first.heatmaps.len(), MAX_HEATMAP_LAYERS);
+        assert_eq!(
+            first.heatmaps[0].experts, 2,
+            "expert 4000000000 is not drawn"
+        );
+        // Paging through gives every chart once, in order.
+        let mut seen: Vec<String> = first.charts.iter().map(|g| g.id.clone()).collect();
+        let mut cursor = first.next_cursor;
+        while let Some(c) = cursor {
+            let next = page(&k, Some(&c), 100).unwrap();
+            assert!(next.heatmaps.is_empty() && next.charts.len() <= 100);
+            seen.extend(next.charts.iter().map(|g| g.id.clone()));
+            cursor = next.next_cursor;
+        }
+        let all: Vec<String> = chart_groups(&k).into_iter().map(|g| g.id).collect();
+        assert_eq!(seen, all);
+        assert!(page(&k, Some("nonsense"), 10).is_err());
     }
 
     #[test]
