@@ -312,7 +312,7 @@ base:
   profile: tiny
   overrides: {training.max_steps: 200, training.eval_steps: 50}
 metric: {name: val/loss, goal: minimize}
-method: tpe            # grid | random | tpe
+method: tpe            # auto | bayes | tpe | random | grid
 parameters:
   training.learning_rate: {distribution: log_uniform, min: 3.0e-4, max: 1.0e-2}
   model.dropout: {distribution: uniform, min: 0.0, max: 0.2}
