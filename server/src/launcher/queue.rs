@@ -43,10 +43,6 @@ impl Scheduler {
         }
     }
 
-    pub fn total_gpus(&self) -> usize {
-        self.all_gpus.len()
-    }
-
     pub fn enqueue(&mut self, run_id: String, gpus: usize) {
         self.queue.push_back((run_id, gpus));
     }
