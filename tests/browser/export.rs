@@ -28,7 +28,7 @@ fn write_checkpoint(run_dir: &std::path::Path, cache: &std::path::Path) {
     cfg.training.batch_size = 2;
     cfg.training.seq_len = 16;
     cfg.training.warmup_steps = 0;
-    cfg.training.device = "cpu".into();
+    cfg.training.device = "cpu".parse().expect("the CPU device");
     cfg.data.cache_dir = cache.display().to_string();
     let mut trainer = Trainer::new(cfg, Device::Cpu).expect("trainer");
     trainer.step().expect("step");

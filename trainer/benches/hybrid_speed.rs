@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
-use trainer::config::Config;
+use trainer::config::{Config, DeviceSpec, Progress};
 use trainer::train::device::configure_threads;
 use trainer::train::Trainer;
 
@@ -39,11 +39,11 @@ fn main() -> Result<()> {
     let t = &mut cfg.training;
     t.max_steps = warmup + steps + 1;
     t.warmup_steps = 0;
-    t.device = "cpu".to_string();
+    t.device = DeviceSpec::Cpu;
     t.threads = threads;
     t.eval_steps = 0;
     t.save_steps = 0;
-    cfg.logging.progress = "never".to_string();
+    cfg.logging.progress = Progress::Never;
     let threads = configure_threads(threads);
     let mut trainer = Trainer::new(cfg, Device::Cpu)?;
     for _ in 0..warmup {

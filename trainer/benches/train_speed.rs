@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use trainer::config::{Config, MoeConfig};
+use trainer::config::{Config, DeviceSpec, MoeConfig};
 use trainer::data::{self, BatchSampler};
 use trainer::model::{self, Gpt};
 use trainer::optim::{self, clip_grad_norm};
@@ -85,7 +85,7 @@ fn bench_config(args: &Args) -> Config {
     t.max_steps = args.warmup + args.steps + 1;
     t.warmup_steps = 0;
     t.grad_clip = 1.0;
-    t.device = "cpu".to_string();
+    t.device = DeviceSpec::Cpu;
     t.threads = args.threads;
     t.eval_steps = 0;
     t.save_steps = 0;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::checkpoint;
-use crate::config::Config;
+use crate::config::{Config, DeviceSpec};
 use crate::report::{self, unix_ms, NewRun, ServerTarget};
 use crate::sample::{self, SamplingParams};
 use crate::train::{self, device, RunOptions};
@@ -72,7 +72,7 @@ pub struct SampleArgs {
     pub seed: u64,
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
-    pub device: String,
+    pub device: DeviceSpec,
 }
 
 /// `trainyard export`: write a checkpoint in another framework's format.
@@ -235,7 +235,7 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         bail!("--temperature: must be >= 0, got {}", args.temperature);
     }
-    let dev = device::resolve_device(&args.device)?;
+    let dev = device::resolve_device(args.device)?;
     let loaded = sample::load(&args.checkpoint, dev)?;
     // On stderr, so stdout holds only the text.
     eprintln!("{}", loaded.describe());

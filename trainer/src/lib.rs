@@ -8,6 +8,7 @@ pub mod hf;
 pub mod kernels;
 pub mod model;
 pub mod optim;
+pub mod profile;
 pub mod report;
 pub mod sample;
 pub mod train;

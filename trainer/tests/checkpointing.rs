@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use kit::model;
 use trainer::config::{
-    Config, LoraConfig, MambaConfig, ModelConfig, MoeConfig, Objective, Precision,
+    Config, LoraConfig, LoraTarget, MambaConfig, ModelConfig, MoeConfig, Objective, Precision,
 };
 use trainer::kernels::autocast::autocast;
 use trainer::model::{cross_entropy, init_weights, lora, DropoutRng, Gpt};
@@ -148,7 +148,7 @@ fn checkpointed_gradients_equal_the_plain_backward_for_an_moe_model_with_router_
 fn hybrid(dropout: f64) -> ModelConfig {
     ModelConfig {
         n_layers: 4,
-        layer_pattern: Some("MFMEAFME".into()),
+        layer_pattern: Some("MFMEAFME".parse().unwrap()),
         mamba: Some(MambaConfig {
             head_dim: 16,
             chunk_size: 8,
@@ -191,7 +191,7 @@ fn checkpointed_gradients_reach_lora_adapters_and_skip_frozen_weights() {
         r: 4,
         alpha: 8.0,
         dropout: 0.1,
-        targets: ["q", "v", "mlp_in"].iter().map(|t| t.to_string()).collect(),
+        targets: vec![LoraTarget::Q, LoraTarget::V, LoraTarget::MlpIn],
     };
     let varmap = VarMap::new();
     let gpt = Gpt::with_adapters(

@@ -2,7 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
 
-use trainer::config::{Config, ConfigError, DeviceSpec, PositionKind, PROFILES};
+use serde_json::json;
+use trainer::config::{
+    Config, ConfigError, DeviceSpec, LoraTarget, PositionKind, Progress, PROFILES,
+};
 
 fn set(cfg: &mut Config, args: &[&str]) -> Result<(), ConfigError> {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -150,7 +153,7 @@ fn overrides_set_nested_keys_with_typed_values() {
     assert_eq!(cfg.training.learning_rate, 3e-4);
     assert_eq!(cfg.model.n_layers, 3);
     assert_eq!(cfg.model.position, PositionKind::Rope);
-    assert_eq!(cfg.training.device, "cuda:1");
+    assert_eq!(cfg.training.device, DeviceSpec::Cuda(Some(1)));
     assert_eq!(cfg.data.dataset, "2024");
     // Setting one MoE key turns MoE on with defaults for the rest.
     let moe = cfg.model.moe.clone().unwrap();
@@ -218,9 +221,6 @@ fn each_rule_violation_names_its_key() {
             &["model.d_model=12", "model.n_heads=4", "model.position=rope"],
             "model.position",
         ),
-        (&["training.device=gpu"], "training.device"),
-        (&["training.device=cuda:x"], "training.device"),
-        (&["logging.progress=sometimes"], "logging.progress"),
         (
             &["logging.heartbeat_interval_secs=0"],
             "logging.heartbeat_interval_secs",
@@ -268,11 +268,186 @@ fn load_accepts_a_file_or_a_profile_name() {
     assert!(cfg.is_err(), "warmup 10 >= max_steps 5 must be rejected");
 }
 
+/// A document that sets only `key` (dotted) to `value` (YAML).
+fn doc(key: &str, value: &str) -> String {
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut out = String::new();
+    for (depth, part) in parts.iter().enumerate() {
+        out.push_str(&format!("{}{part}:", "  ".repeat(depth)));
+        if depth + 1 < parts.len() {
+            out.push('\n');
+        }
+    }
+    out + &format!(" {value}\n")
+}
+
+/// The config read from `key: value`, after checking that YAML and JSON both write `value`
+/// back in the same spelling and read back to the same config, and that the server's way in
+/// (a flattened `--set key=value`) reads the same.
+fn read_back(key: &str, value: &str) -> Config {
+    let cfg = Config::from_yaml_str(&doc(key, value)).unwrap_or_else(|e| panic!("{value}: {e}"));
+    let given: serde_json::Value = serde_yaml_ng::from_str(value).unwrap();
+    let at = format!("/{}", key.replace('.', "/"));
+    let yaml = cfg.to_yaml().unwrap();
+    let tree: serde_json::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    assert_eq!(
+        tree.pointer(&at),
+        Some(&given),
+        "{key}: {value}, YAML:\n{yaml}"
+    );
+    assert_eq!(Config::from_yaml_str(&yaml).unwrap(), cfg, "{value}");
+    let json = serde_json::to_value(&cfg).unwrap();
+    assert_eq!(json.pointer(&at), Some(&given), "{key}: {value}, JSON");
+    let stored = Config::from_json_value(&json).unwrap();
+    assert_eq!(stored, cfg, "{value}");
+    assert_eq!(serde_json::to_value(&stored).unwrap(), json, "{value}");
+    let mut set = Config::default();
+    let text = given
+        .as_str()
+        .map_or_else(|| value.to_string(), str::to_string);
+    set.apply_overrides(&[format!("{key}={text}")]).unwrap();
+    assert_eq!(set, cfg, "--set {key}={text}");
+    cfg
+}
+
+#[test]
+fn every_progress_spelling_reads_and_writes_back_the_same() {
+    for (text, want) in [
+        ("auto", Progress::Auto),
+        ("always", Progress::Always),
+        ("never", Progress::Never),
+    ] {
+        assert_eq!(read_back("logging.progress", text).logging.progress, want);
+    }
+    assert_eq!(Config::default().logging.progress, Progress::Auto);
+    assert!(Progress::Always.shows(false) && !Progress::Never.shows(true));
+    assert_eq!(
+        (Progress::Auto.shows(true), Progress::Auto.shows(false)),
+        (true, false)
+    );
+}
+
+#[test]
+fn every_device_spelling_reads_and_writes_back_the_same() {
+    for (text, want, ordinal) in [
+        ("auto", DeviceSpec::Auto, None),
+        ("cpu", DeviceSpec::Cpu, None),
+        ("cuda", DeviceSpec::Cuda(None), Some(0)),
+        ("cuda:0", DeviceSpec::Cuda(Some(0)), Some(0)),
+        ("cuda:3", DeviceSpec::Cuda(Some(3)), Some(3)),
+    ] {
+        let device = read_back("training.device", text).training.device;
+        assert_eq!(device, want, "{text}");
+        assert_eq!(device.cuda_ordinal(), ordinal, "{text}");
+        assert_eq!(device.to_string(), text);
+    }
+    assert_eq!(Config::default().training.device, DeviceSpec::Auto);
+}
+
+#[test]
+fn every_lora_target_reads_and_writes_back_the_same() {
+    for target in LoraTarget::ALL {
+        let cfg = read_back("training.lora.targets", &format!("[{target}]"));
+        assert_eq!(cfg.training.lora.unwrap().targets, [target]);
+    }
+    let all = "[q, k, v, o, mlp_in, mlp_out, expert_in, expert_out]";
+    let cfg = read_back("training.lora.targets", all);
+    assert_eq!(cfg.training.lora.unwrap().targets, LoraTarget::ALL);
+}
+
+#[test]
+fn every_layer_pattern_reads_and_writes_back_the_same() {
+    for (text, blocks) in [
+        ("AF", 1),
+        ("MFMEAF", 3),
+        ("MMAF", 3),
+        ("MFF", 2),
+        ("E", 1),
+        ("AEMEM", 3),
+    ] {
+        let cfg = read_back("model.layer_pattern", text);
+        assert_eq!(cfg.model.layer_pattern.unwrap().len(), blocks, "{text}");
+    }
+}
+
+#[test]
+fn a_wrong_spelling_is_refused_as_the_config_is_read_naming_the_key() {
+    let cases = [
+        (
+            "training.device",
+            "gpu",
+            "expected auto, cpu, cuda or cuda:N, got \"gpu\"",
+        ),
+        (
+            "training.device",
+            "cuda:x",
+            "expected auto, cpu, cuda or cuda:N, got \"cuda:x\"",
+        ),
+        ("training.device", "\"cuda:\"", "got \"cuda:\""),
+        ("training.device", "CPU", "got \"CPU\""),
+        ("training.device", "3", "expected a string"),
+        (
+            "logging.progress",
+            "sometimes",
+            "must be auto, always or never, got \"sometimes\"",
+        ),
+        ("logging.progress", "true", "expected a string"),
+        (
+            "model.layer_pattern",
+            "MFAx",
+            "position 4: unknown letter 'x'",
+        ),
+        ("model.layer_pattern", "\"\"", "at least one letter"),
+    ];
+    let says = |err: &ConfigError, key: &str, message: &str| {
+        let text = err.to_string();
+        text.starts_with(&format!("{key}: ")) && text.contains(message)
+    };
+    for (key, value, message) in cases {
+        let yaml = doc(key, value);
+        let from_yaml = Config::from_yaml_str(&yaml).unwrap_err();
+        assert_eq!(from_yaml.key(), Some(key), "{yaml}");
+        assert!(says(&from_yaml, key, message), "{from_yaml}");
+        let json: serde_json::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+        let from_json = Config::from_json_value(&json).unwrap_err();
+        assert_eq!(from_json.to_string(), from_yaml.to_string(), "{json}");
+        // `--set` takes the text of a string setting as it is: `3` is the spelling "3".
+        let text: serde_json::Value = serde_yaml_ng::from_str(value).unwrap();
+        let arg = format!("{key}={}", text.as_str().unwrap_or(value));
+        let from_set = set(&mut Config::default(), &[&arg]).unwrap_err();
+        assert_eq!(from_set.key(), Some(key), "{arg}");
+        if text.is_string() {
+            assert!(says(&from_set, key, message), "{from_set}");
+        }
+    }
+}
+
+#[test]
+fn a_wrong_lora_target_is_refused_naming_its_place_in_the_list() {
+    let want = "training.lora.targets[1]: unknown projection \"qq\"; the choices are q, k, v, o, \
+                mlp_in, mlp_out, expert_in, expert_out";
+    let err = Config::from_yaml_str("training:\n  lora:\n    targets: [q, qq, v]\n").unwrap_err();
+    assert_eq!(err.key(), Some("training.lora.targets[1]"));
+    assert_eq!(err.to_string(), want);
+    let json = json!({"training": {"lora": {"targets": ["q", "qq", "v"]}}});
+    assert_eq!(
+        Config::from_json_value(&json).unwrap_err().to_string(),
+        want
+    );
+    let err = set(&mut Config::default(), &["training.lora.targets=[q, qq]"]).unwrap_err();
+    assert_eq!(err.to_string(), want);
+    let err = set(&mut Config::default(), &["training.lora.targets=[1]"]).unwrap_err();
+    assert_eq!(err.key(), Some("training.lora.targets[0]"), "{err}");
+}
+
 #[test]
 fn device_strings_parse() {
     assert_eq!("auto".parse::<DeviceSpec>(), Ok(DeviceSpec::Auto));
     assert_eq!("cpu".parse::<DeviceSpec>(), Ok(DeviceSpec::Cpu));
-    assert_eq!("cuda".parse::<DeviceSpec>(), Ok(DeviceSpec::Cuda(0)));
-    assert_eq!("cuda:3".parse::<DeviceSpec>(), Ok(DeviceSpec::Cuda(3)));
+    assert_eq!("cuda".parse::<DeviceSpec>(), Ok(DeviceSpec::Cuda(None)));
+    assert_eq!(
+        "cuda:3".parse::<DeviceSpec>(),
+        Ok(DeviceSpec::Cuda(Some(3)))
+    );
     assert!("cuda:".parse::<DeviceSpec>().is_err());
 }

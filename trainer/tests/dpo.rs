@@ -11,7 +11,7 @@ use std::path::Path;
 
 use candle_core::Device;
 use kit::{config, model};
-use trainer::config::{Config, LoraConfig, Objective};
+use trainer::config::{Config, LoraConfig, LoraTarget, Objective};
 use trainer::train::Trainer;
 
 /// Prompts `n=<number> is`; the chosen completion names the number's parity, the rejected one
@@ -97,9 +97,14 @@ fn dpo_with_lora_uses_the_base_as_its_reference_and_learns() {
         r: 8,
         alpha: 16.0,
         dropout: 0.0,
-        targets: ["q", "k", "v", "o", "mlp_in", "mlp_out"]
-            .map(String::from)
-            .to_vec(),
+        targets: vec![
+            LoraTarget::Q,
+            LoraTarget::K,
+            LoraTarget::V,
+            LoraTarget::O,
+            LoraTarget::MlpIn,
+            LoraTarget::MlpOut,
+        ],
     });
     cfg.training.learning_rate = 1e-2;
     let mut trainer = Trainer::new(cfg, Device::Cpu).unwrap();

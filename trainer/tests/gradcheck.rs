@@ -249,7 +249,7 @@ fn hybrid() -> ModelConfig {
         Activation::Swiglu,
         false,
     );
-    cfg.layer_pattern = Some("MFAEM".to_string());
+    cfg.layer_pattern = Some("MFAEM".parse().unwrap());
     cfg.n_layers = 3;
     cfg.mamba = Some(MambaConfig {
         d_state: 3,

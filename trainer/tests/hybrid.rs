@@ -131,7 +131,10 @@ fn a_resumed_tiny_hybrid_run_repeats_a_straight_one_bit_for_bit_and_samples_text
         ..TrainArgs::default()
     };
     let (cfg, from) = resolve_config(&args, split.path()).unwrap();
-    assert_eq!(cfg.model.layer_pattern.as_deref(), Some("MFMEAFME"));
+    assert_eq!(
+        cfg.model.layer_pattern.as_ref().map(ToString::to_string),
+        Some("MFMEAFME".to_string())
+    );
     let resumed = RunOptions {
         out_dir: split.path().to_path_buf(),
         resume_from: from,

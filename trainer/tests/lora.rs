@@ -20,7 +20,7 @@ fn lora_cfg(targets: &[&str]) -> LoraConfig {
         r: 4,
         alpha: 8.0,
         dropout: 0.0,
-        targets: targets.iter().map(|t| t.to_string()).collect(),
+        targets: targets.iter().map(|t| t.parse().unwrap()).collect(),
     }
 }
 
@@ -261,8 +261,8 @@ fn lora_settings_that_cannot_work_are_refused_naming_the_key() {
     let cases: [(&str, LoraConfig, &str); 4] = [
         (
             "gpt2",
-            lora_cfg(&["q", "qq"]),
-            "training.lora.targets[1]: unknown projection \"qq\"",
+            lora_cfg(&["q", "v", "q"]),
+            "training.lora.targets[2]: \"q\" is listed twice",
         ),
         (
             "gpt2",
@@ -295,4 +295,13 @@ fn lora_settings_that_cannot_work_are_refused_naming_the_key() {
         .unwrap_err()
         .to_string();
     assert!(err.starts_with("training.lora.alpha"), "{err}");
+    // A projection that does not exist is refused as the config is read, naming its place.
+    let err = cfg
+        .apply_overrides(&["training.lora.targets=[q, qq]".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("training.lora.targets[1]: unknown projection \"qq\""),
+        "{err}"
+    );
 }

@@ -388,7 +388,7 @@ mod tests {
         };
         let cfg = resolve_config(&req).unwrap().unwrap();
         assert_eq!(cfg.training.max_steps, 30);
-        assert_eq!(cfg.training.device, "cpu");
+        assert_eq!(cfg.training.device, trainer::config::DeviceSpec::Cpu);
     }
 
     #[test]

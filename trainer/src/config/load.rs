@@ -5,7 +5,9 @@ use std::path::Path;
 
 use serde_yaml_ng::{Mapping, Value};
 
-use super::{Config, ConfigError, InstabilityGuardConfig, LoraConfig, MambaConfig, MoeConfig};
+use super::{
+    Config, ConfigError, InstabilityGuardConfig, LayerPattern, LoraConfig, MambaConfig, MoeConfig,
+};
 
 /// Built-in profiles, embedded so the binary works from any directory.
 pub const PROFILES: &[(&str, &str)] = &[
@@ -123,7 +125,7 @@ pub(crate) fn schema() -> Value {
     let mut full = Config::default();
     full.model.moe = Some(MoeConfig::default());
     full.model.mamba = Some(MambaConfig::default());
-    full.model.layer_pattern = Some(String::new());
+    full.model.layer_pattern = Some(LayerPattern(Vec::new()));
     full.training.init_from = Some(String::new());
     full.training.lora = Some(LoraConfig::default());
     full.training.instability_guard = Some(InstabilityGuardConfig::default());
@@ -267,17 +269,31 @@ fn locate_type_error(value: &Value) -> Option<ConfigError> {
     let mut found = Vec::new();
     leaves(value, "", &mut found);
     let base = serde_yaml_ng::to_value(Config::default()).ok()?;
-    for (path, leaf) in found {
+    found
+        .into_iter()
+        .find_map(|(path, leaf)| leaf_error(&base, &path, leaf))
+}
+
+/// The error of `leaf` put at `path` in `base`, or None when that reads. In a list the first
+/// element that does not read is named (`training.lora.targets[1]`).
+pub(crate) fn leaf_error(base: &Value, path: &str, leaf: &Value) -> Option<ConfigError> {
+    let read = |leaf: Value| {
         let mut probe = base.clone();
-        set_path(&mut probe, &path, leaf.clone());
-        if let Err(err) = serde_yaml_ng::from_value::<Config>(probe) {
-            return Some(ConfigError::InvalidType {
-                key: path,
-                message: strip_location(&err.to_string()),
-            });
-        }
-    }
-    None
+        set_path(&mut probe, path, leaf);
+        serde_yaml_ng::from_value::<Config>(probe).err()
+    };
+    let err = read(leaf.clone())?;
+    let at_fault = match leaf {
+        Value::Sequence(items) => (0..items.len()).find_map(|i| {
+            read(Value::Sequence(items[..=i].to_vec())).map(|e| (format!("{path}[{i}]"), e))
+        }),
+        _ => None,
+    };
+    let (key, err) = at_fault.unwrap_or((path.to_string(), err));
+    Some(ConfigError::InvalidType {
+        key,
+        message: strip_location(&err.to_string()),
+    })
 }
 
 /// A serde message in a reader's words: without the YAML position (the key path says where)

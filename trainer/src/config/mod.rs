@@ -87,7 +87,7 @@ pub struct ModelConfig {
     /// `MMAF` three (M, M, AF). It must describe model.n_layers blocks; with it,
     /// model.moe.every_n_layers is not used. Absent = `AF` per block (`AE` where model.moe
     /// puts MoE).
-    pub layer_pattern: Option<String>,
+    pub layer_pattern: Option<LayerPattern>,
     /// Shape of the Mamba-2 mixers (the `M` letters of model.layer_pattern); absent = the
     /// defaults below.
     pub mamba: Option<MambaConfig>,
@@ -291,7 +291,7 @@ pub struct TrainingConfig {
     /// Seeds init, data order and dropout; runs are deterministic on CPU.
     pub seed: u64,
     /// `auto`, `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
+    pub device: DeviceSpec,
     /// CPU threads (0 = all cores, or a launched CPU run's share of them: the server divides
     /// the cores among its CPU slots).
     pub threads: usize,
@@ -348,7 +348,7 @@ impl Default for TrainingConfig {
             instability_guard: None,
             gradient_checkpointing: false,
             seed: 1337,
-            device: "auto".to_string(),
+            device: DeviceSpec::Auto,
             threads: 0,
             precision: Precision::F32,
             eval_steps: 50,
@@ -447,7 +447,7 @@ pub struct LoraConfig {
     pub dropout: f64,
     /// Projections that get adapters: q, k, v, o (attention), mlp_in, mlp_out (dense MLP),
     /// expert_in, expert_out (every MoE expert, the shared one included).
-    pub targets: Vec<String>,
+    pub targets: Vec<LoraTarget>,
 }
 
 impl Default for LoraConfig {
@@ -456,8 +456,15 @@ impl Default for LoraConfig {
             r: 8,
             alpha: 16.0,
             dropout: 0.0,
-            targets: vec!["q".to_string(), "v".to_string()],
+            targets: vec![LoraTarget::Q, LoraTarget::V],
         }
+    }
+}
+
+impl LoraConfig {
+    /// Whether `target` is among the projections that get adapters.
+    pub fn adapts(&self, target: LoraTarget) -> bool {
+        self.targets.contains(&target)
     }
 }
 
@@ -536,7 +543,7 @@ pub struct LoggingConfig {
     pub flush_interval_ms: u64,
     /// Progress bar: `auto` (on a terminal), `always` or `never`. The bar stays at the bottom;
     /// a step line is still printed above it every log_every steps.
-    pub progress: String,
+    pub progress: Progress,
     /// Seconds between heartbeats to the tracking server while training with one. A server
     /// marks a running run it has not heard from for `serve --lost-after-secs` (300 by default,
     /// ten heartbeats) `lost`, so a killed trainer does not stay `running` forever.
@@ -550,12 +557,13 @@ impl Default for LoggingConfig {
             moe_every: 10,
             layer_norms_every: 0,
             flush_interval_ms: 1000,
-            progress: "auto".to_string(),
+            progress: Progress::Auto,
             heartbeat_interval_secs: 30,
         }
     }
 }
 
+mod choices;
 mod error;
 mod load;
 mod overrides;
@@ -563,7 +571,7 @@ mod pattern;
 pub mod reference;
 mod validate;
 
+pub use choices::{DeviceSpec, LoraTarget, Progress};
 pub use error::ConfigError;
 pub use load::PROFILES;
-pub use pattern::{BlockKind, FfnKind, MixerKind};
-pub use validate::{DeviceSpec, LORA_TARGETS};
+pub use pattern::{BlockKind, FfnKind, LayerPattern, MixerKind};

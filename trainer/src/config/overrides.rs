@@ -3,7 +3,7 @@
 
 use serde_yaml_ng::Value;
 
-use super::load::{check_keys, describe, join, schema, set_path, strip_location};
+use super::load::{check_keys, describe, join, leaf_error, schema, set_path, strip_location};
 use super::{Config, ConfigError};
 
 impl Config {
@@ -21,12 +21,15 @@ impl Config {
             let field = lookup(&schema, key)?;
             let value = parse_value(field, raw, key)?;
             check_keys(&value, field, key)?;
-            let mut current =
+            let base =
                 serde_yaml_ng::to_value(&*self).map_err(|e| ConfigError::Syntax(e.to_string()))?;
-            set_path(&mut current, key, value);
-            *self = serde_yaml_ng::from_value(current).map_err(|e| ConfigError::InvalidType {
-                key: key.to_string(),
-                message: strip_location(&e.to_string()),
+            let mut current = base.clone();
+            set_path(&mut current, key, value.clone());
+            *self = serde_yaml_ng::from_value(current).map_err(|e| {
+                leaf_error(&base, key, &value).unwrap_or_else(|| ConfigError::InvalidType {
+                    key: key.to_string(),
+                    message: strip_location(&e.to_string()),
+                })
             })?;
         }
         Ok(())

@@ -221,9 +221,10 @@ fn type_words(types: &Types, ty: &str) -> Option<String> {
         "usize" | "u64" | "u32" => "integer ≥ 0".to_string(),
         "f64" | "f32" => "number".to_string(),
         "bool" => "`true` or `false`".to_string(),
-        "Vec<String>" => "list of strings".to_string(),
+        // Typed choices are spelled as strings in YAML; the doc comment lists the spellings.
+        "Vec<String>" | "Vec<LoraTarget>" => "list of strings".to_string(),
         "Vec<CurriculumStage>" => "list of `{seq_len, steps}`".to_string(),
-        "String" => "string".to_string(),
+        "String" | "DeviceSpec" | "Progress" | "LayerPattern" => "string".to_string(),
         other => {
             let values: Vec<String> = types
                 .enums

@@ -1,45 +1,6 @@
 //! Cross-field and range rules, checked before any work starts.
 
-use super::{Config, ConfigError, Objective, PositionKind};
-
-/// The projections `training.lora.targets` may name.
-pub const LORA_TARGETS: &[&str] = &[
-    "q",
-    "k",
-    "v",
-    "o",
-    "mlp_in",
-    "mlp_out",
-    "expert_in",
-    "expert_out",
-];
-
-/// Where training runs, parsed from `training.device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceSpec {
-    /// The GPU when built with CUDA and one is present, else the CPU.
-    Auto,
-    Cpu,
-    /// A CUDA device by ordinal (`cuda` = `cuda:0`).
-    Cuda(usize),
-}
-
-impl std::str::FromStr for DeviceSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(DeviceSpec::Auto),
-            "cpu" => Ok(DeviceSpec::Cpu),
-            "cuda" => Ok(DeviceSpec::Cuda(0)),
-            other => other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse::<usize>().ok())
-                .map(DeviceSpec::Cuda)
-                .ok_or_else(|| format!("expected auto, cpu, cuda or cuda:N, got \"{other}\"")),
-        }
-    }
-}
+use super::{Config, ConfigError, LoraTarget, Objective, PositionKind};
 
 fn positive(key: &str, v: usize) -> Result<(), ConfigError> {
     if v == 0 {
@@ -193,9 +154,6 @@ impl Config {
         non_negative("training.grad_clip", t.grad_clip)?;
         positive("training.grad_accum_steps", t.grad_accum_steps)?;
         positive("training.eval_iters", t.eval_iters)?;
-        t.device
-            .parse::<DeviceSpec>()
-            .map_err(|msg| ConfigError::invalid("training.device", msg))?;
         if matches!(&t.init_from, Some(p) if p.trim().is_empty() || p.trim() == "hf:") {
             return Err(ConfigError::invalid(
                 "training.init_from",
@@ -302,35 +260,26 @@ impl Config {
         if lora.targets.is_empty() {
             return Err(ConfigError::invalid(
                 "training.lora.targets",
-                format!("must name at least one of {}", LORA_TARGETS.join(", ")),
+                format!("must name at least one of {}", LoraTarget::choices()),
             ));
         }
         let moe = self.model.moe.as_ref();
         let all_moe = moe.is_some_and(|m| m.every_n_layers == 1);
-        for (i, target) in lora.targets.iter().enumerate() {
+        for (i, &target) in lora.targets.iter().enumerate() {
             let key = format!("training.lora.targets[{i}]");
-            if !LORA_TARGETS.contains(&target.as_str()) {
-                return Err(ConfigError::invalid(
-                    &key,
-                    format!(
-                        "unknown projection \"{target}\"; the choices are {}",
-                        LORA_TARGETS.join(", ")
-                    ),
-                ));
-            }
-            if lora.targets[..i].contains(target) {
+            if lora.targets[..i].contains(&target) {
                 return Err(ConfigError::invalid(
                     &key,
                     format!("\"{target}\" is listed twice"),
                 ));
             }
-            if target.starts_with("expert_") && moe.is_none() {
+            if target.is_expert() && moe.is_none() {
                 return Err(ConfigError::invalid(
                     &key,
                     format!("\"{target}\" adapts MoE experts, but the model has no model.moe"),
                 ));
             }
-            if target.starts_with("mlp_") && all_moe {
+            if target.is_dense_mlp() && all_moe {
                 return Err(ConfigError::invalid(
                     &key,
                     format!(
@@ -393,12 +342,6 @@ impl Config {
             return Err(ConfigError::invalid(
                 "logging.flush_interval_ms",
                 "must be at least 1",
-            ));
-        }
-        if !matches!(l.progress.as_str(), "auto" | "always" | "never") {
-            return Err(ConfigError::invalid(
-                "logging.progress",
-                format!("must be auto, always or never, got \"{}\"", l.progress),
             ));
         }
         if l.heartbeat_interval_secs == 0 {

@@ -4,7 +4,7 @@ use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::{DropoutRng, Linear};
-use crate::config::{LoraConfig, ModelConfig, PositionKind};
+use crate::config::{LoraConfig, LoraTarget, ModelConfig, PositionKind};
 use crate::kernels::{self, CausalAttention, Rope};
 
 #[derive(Debug, Clone)]
@@ -43,13 +43,15 @@ impl CausalSelfAttention {
 
     /// LoRA adapters on the targeted projections (q, k, v, o).
     pub fn adapt(&mut self, lora: &LoraConfig, vb: &VarBuilder) -> Result<()> {
-        let qkv: Vec<&str> = ["q", "k", "v"]
+        let qkv: Vec<&str> = [LoraTarget::Q, LoraTarget::K, LoraTarget::V]
             .into_iter()
-            .filter(|p| lora.targets.iter().any(|t| t == p))
+            .filter(|&t| lora.adapts(t))
+            .map(LoraTarget::as_str)
             .collect();
         self.c_attn.adapt(lora, &qkv, &vb.pp("c_attn"))?;
-        if lora.targets.iter().any(|t| t == "o") {
-            self.c_proj.adapt(lora, &["o"], &vb.pp("c_proj"))?;
+        if lora.adapts(LoraTarget::O) {
+            self.c_proj
+                .adapt(lora, &[LoraTarget::O.as_str()], &vb.pp("c_proj"))?;
         }
         Ok(())
     }

@@ -7,9 +7,9 @@ use candle_nn::VarBuilder;
 
 use super::mamba::{Mamba2, MambaState, Scan};
 use super::{maybe_dropout, CausalSelfAttention, DropoutRng, Mlp, MoeLayer, MoeLayerStats, Norm};
-use crate::config::{BlockKind, FfnKind, LoraConfig, MixerKind, ModelConfig};
+use crate::config::{BlockKind, FfnKind, LoraConfig, LoraTarget, MixerKind, ModelConfig};
 use crate::kernels;
-use crate::train::phases::LayerTimer;
+use crate::profile::LayerTimer;
 
 #[derive(Debug, Clone)]
 enum Mixer {
@@ -54,19 +54,9 @@ fn branch(
     Some(steps)
 }
 
-/// A config error (a pattern that `Config::validate` would refuse) as a model error.
-fn block_kinds(cfg: &ModelConfig) -> Result<Vec<BlockKind>> {
-    cfg.blocks()
-        .map_err(|e| candle_core::Error::Msg(e.to_string()))
-}
-
 impl Block {
-    /// Block `layer` of the stack `cfg` describes.
-    pub fn new(cfg: &ModelConfig, layer: usize, vb: VarBuilder) -> Result<Self> {
-        let kinds = block_kinds(cfg)?;
-        let Some(kind) = kinds.get(layer) else {
-            candle_core::bail!("block {layer} of a stack of {}", kinds.len());
-        };
+    /// Block `layer` of the stack `cfg` describes, of kind `kind` (`ModelConfig::blocks`).
+    pub fn new(cfg: &ModelConfig, kind: BlockKind, layer: usize, vb: VarBuilder) -> Result<Self> {
         let mixer = match kind.mixer {
             Some(MixerKind::Attention) => Some(Mixer::Attention(CausalSelfAttention::new(
                 cfg,
@@ -107,11 +97,13 @@ impl Block {
         if let Some((_, Mixer::Attention(attn))) = &mut self.mixer {
             attn.adapt(lora, &vb.pp("attn"))?;
         }
-        let targets = |t: &str| lora.targets.iter().any(|x| x == t);
         match &mut self.mlp {
-            Some((_, FeedForward::Dense(mlp))) => {
-                mlp.adapt(lora, targets("mlp_in"), targets("mlp_out"), &vb.pp("mlp"))
-            }
+            Some((_, FeedForward::Dense(mlp))) => mlp.adapt(
+                lora,
+                lora.adapts(LoraTarget::MlpIn),
+                lora.adapts(LoraTarget::MlpOut),
+                &vb.pp("mlp"),
+            ),
             Some((_, FeedForward::Moe(moe))) => moe.adapt(lora, &vb.pp("mlp")),
             None => Ok(()),
         }

@@ -26,8 +26,19 @@ impl Gpt {
             }
             PositionKind::Rope => None,
         };
-        let h = (0..cfg.n_layers)
-            .map(|i| Block::new(cfg, i, vb.pp(format!("h.{i}"))))
+        let kinds = cfg.blocks();
+        if kinds.len() != cfg.n_layers {
+            // A pattern `Config::validate` refuses.
+            bail!(
+                "model.layer_pattern describes {} blocks, but model.n_layers is {}",
+                kinds.len(),
+                cfg.n_layers
+            );
+        }
+        let h = kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| Block::new(cfg, kind, i, vb.pp(format!("h.{i}"))))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = Norm::new(cfg, vb.pp("ln_f"))?;
         let lm_head = if cfg.tie_embeddings {
@@ -161,8 +172,7 @@ impl Gpt {
         };
         let mut per_token = 0.0; // active matmul weights
         let mut mixing = 0.0; // training FLOPs that are not weight matmuls
-                              // A config that fails validation never trains, so it needs no count.
-        for block in cfg.blocks().unwrap_or_default() {
+        for block in cfg.blocks() {
             match block.mixer {
                 Some(MixerKind::Attention) => {
                     per_token += 4.0 * d * d; // c_attn + c_proj

@@ -17,7 +17,6 @@ pub mod guard;
 mod guide_tests;
 pub mod mfu;
 pub mod norms;
-pub mod phases;
 pub mod run;
 #[cfg(test)]
 mod tests;
@@ -36,6 +35,7 @@ use crate::data::{self, Batch, BatchSampler, PreparedData};
 use crate::kernels;
 use crate::model::{self, DropoutRng, Gpt, MoeLayerStats};
 use crate::optim::{self, clip::clip_grad_norm_on_device, lr_at, Optimizer};
+use crate::profile;
 use crate::wire::moe_keys;
 
 pub use run::{run, RunOptions, RunOutcome};
@@ -256,7 +256,7 @@ impl Trainer {
         let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
         let mut loss_sum = Tensor::zeros((), DType::F32, &self.device)?;
         let mut moe_stats = Vec::new();
-        let mut clock = phases::PhaseClock::new(&self.device, phases::enabled())?;
+        let mut clock = profile::PhaseClock::new(&self.device, profile::enabled())?;
         for _ in 0..accum {
             let batch = self.sampler.next_batch(&self.data.train)?;
             let (x, y) = batch.to_tensors(&self.device)?; // (B, T), (B, T)

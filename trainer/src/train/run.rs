@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -83,7 +83,7 @@ fn train(
     reporter: &mut Reporter,
 ) -> Result<RunOutcome> {
     let out = &opts.out_dir;
-    let dev = device::resolve_device(&cfg.training.device)?;
+    let dev = device::resolve_device(cfg.training.device)?;
     match (cfg.training.precision, dev.is_cuda()) {
         // TF32 is a mode of cuBLAS's f32 GEMMs, not a dtype: switch it on for the process.
         (Precision::Tf32, true) => candle_core::cuda::set_gemm_reduced_precision_f32(true),
@@ -95,10 +95,10 @@ fn train(
         ),
         _ => {}
     }
-    let cuda_ordinal = match cfg.training.device.parse::<crate::config::DeviceSpec>() {
-        Ok(crate::config::DeviceSpec::Cuda(n)) => Some(n),
-        _ if dev.is_cuda() => Some(0),
-        _ => None,
+    let cuda_ordinal = match cfg.training.device.cuda_ordinal() {
+        Some(n) => Some(n),
+        None if dev.is_cuda() => Some(0),
+        None => None,
     };
     let peak_flops = mfu::device_peak(cuda_ordinal);
     std::fs::write(out.join("config.yaml"), cfg.to_yaml()?)
@@ -276,11 +276,7 @@ struct Progress {
 
 impl Progress {
     fn new(cfg: &Config, start: u64, max_steps: u64) -> Self {
-        let show = match cfg.logging.progress.as_str() {
-            "always" => true,
-            "never" => false,
-            _ => std::io::stderr().is_terminal(),
-        };
+        let show = cfg.logging.progress.shows(std::io::stderr().is_terminal());
         let bar = show.then(|| {
             let bar = ProgressBar::new(max_steps);
             if let Ok(style) = ProgressStyle::with_template(
@@ -331,11 +327,6 @@ impl Progress {
             bar.finish();
         }
     }
-}
-
-/// The run directory's checkpoint for `--resume SPEC`.
-pub fn resume_dir(out: &Path, spec: &str) -> Result<PathBuf> {
-    checkpoint::resolve(out, spec)
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use trainer::config::{Activation, Config, ModelConfig, MoeConfig, NormKind, PositionKind};
+use trainer::config::{
+    Activation, Config, DeviceSpec, ModelConfig, MoeConfig, NormKind, PositionKind,
+};
 use trainer::model::Gpt;
 use trainer::train::Trainer;
 
@@ -66,7 +68,7 @@ pub fn config(model: ModelConfig, dir: &Path) -> Config {
     cfg.training.max_steps = 100;
     cfg.training.warmup_steps = 0;
     cfg.training.learning_rate = 1e-2;
-    cfg.training.device = "cpu".into();
+    cfg.training.device = DeviceSpec::Cpu;
     cfg.training.eval_iters = 2;
     cfg.data.cache_dir = dir.join("cache").display().to_string();
     cfg.validate().unwrap();

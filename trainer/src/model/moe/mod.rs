@@ -10,7 +10,7 @@ mod routing;
 pub use routing::{route, RoutePlan};
 
 use super::{DropoutRng, Linear, Mlp};
-use crate::config::{LoraConfig, ModelConfig, MoeConfig};
+use crate::config::{LoraConfig, LoraTarget, ModelConfig, MoeConfig};
 use crate::kernels;
 
 /// Routing statistics of one MoE layer for one forward pass (telemetry).
@@ -86,8 +86,8 @@ impl MoeLayer {
 
     /// LoRA adapters on every expert's (and the shared expert's) targeted projections.
     pub fn adapt(&mut self, lora: &LoraConfig, vb: &VarBuilder) -> Result<()> {
-        let inp = lora.targets.iter().any(|t| t == "expert_in");
-        let out = lora.targets.iter().any(|t| t == "expert_out");
+        let inp = lora.adapts(LoraTarget::ExpertIn);
+        let out = lora.adapts(LoraTarget::ExpertOut);
         for (e, expert) in self.experts.iter_mut().enumerate() {
             expert.adapt(lora, inp, out, &vb.pp("experts").pp(e))?;
         }

@@ -4,6 +4,8 @@
 //!
 //! With it on, each block's forward is timed too, by the kind of its mixer (`LayerTimer`), so a
 //! hybrid model reports how the forward divides between attention, Mamba-2 and MLP-only blocks.
+//! It sits below both `model/` (whose blocks start a `LayerTimer`) and `train/` (whose step
+//! runs a `PhaseClock` and reports both), so neither imports the other for it.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
