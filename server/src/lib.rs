@@ -5,6 +5,7 @@ pub mod actions;
 pub mod app;
 pub mod checkpoints;
 pub mod cli;
+pub mod client;
 pub mod environ;
 pub mod http;
 pub mod ingest;

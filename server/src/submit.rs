@@ -5,9 +5,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::io::Write;
+
 use anyhow::{bail, Context};
 use futures::StreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
+
+use crate::client::{Client, ClientError, CreateRun, LogEvent, Resources, ResumeFrom, ResumeRun};
+use crate::store::{LatestMetric, RunStatus};
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["config", "profile", "resume"])))]
@@ -54,42 +59,30 @@ pub struct SubmitArgs {
     pub token: Option<String>,
 }
 
-/// `refused (STATUS): field: message` from the API's error body, for a terminal.
-pub fn refusal(status: reqwest::StatusCode, reply: &Value) -> String {
-    let err = &reply["error"];
-    let message = err["message"].as_str().unwrap_or("?");
-    // Config messages start with their key already.
-    let field = err["field"]
-        .as_str()
-        .filter(|f| !message.starts_with(&format!("{f}:")))
-        .map(|f| format!("{f}: "))
-        .unwrap_or_default();
-    format!("refused ({status}): {field}{message}")
-}
-
-/// Exit codes of `submit --follow`.
-pub fn exit_code_for(status: &str) -> i32 {
+/// Exit codes of `submit --follow`: 0 only for a finished run, 3 for a stopped one.
+pub fn exit_code_for(status: Option<RunStatus>) -> i32 {
     match status {
-        "finished" => 0,
-        "stopped" => 3,
+        Some(RunStatus::Finished) => 0,
+        Some(RunStatus::Stopped) => 3,
         _ => 1,
     }
 }
 
-/// `POST /runs/{id}/resume`: the checkpoint (a step number as a number), and GPUs when asked.
-fn resume_body(args: &SubmitArgs) -> Value {
-    let from = args.from.as_deref().unwrap_or("latest");
-    let mut body = match from.parse::<u64>() {
-        Ok(step) => json!({ "from": step }),
-        Err(_) => json!({ "from": from }),
+/// `POST /runs/{id}/resume`: the checkpoint, and GPUs when asked.
+fn resume_request(args: &SubmitArgs) -> anyhow::Result<ResumeRun> {
+    let from = match args.from.as_deref() {
+        None => ResumeFrom::Latest,
+        Some(text) => ResumeFrom::parse(text).with_context(|| {
+            format!("--from `{text}`: expected `latest`, `best` or a checkpoint's step")
+        })?,
     };
-    if args.gpus > 0 {
-        body["resources"] = json!({ "gpus": args.gpus });
-    }
-    body
+    Ok(ResumeRun {
+        from,
+        resources: (args.gpus > 0).then_some(Resources { gpus: args.gpus }),
+    })
 }
 
-fn build_body(args: &SubmitArgs) -> anyhow::Result<Value> {
+fn launch_request(args: &SubmitArgs) -> anyhow::Result<CreateRun> {
     let mut overrides = BTreeMap::new();
     for item in &args.set {
         let Some((k, v)) = item.split_once('=') else {
@@ -101,118 +94,81 @@ fn build_body(args: &SubmitArgs) -> anyhow::Result<Value> {
     let here = std::env::current_dir().context(
         "cannot tell the current directory, which relative config paths resolve against",
     )?;
-    let mut body = json!({
-        "launch": true,
-        "working_dir": here.display().to_string(),
-        "overrides": overrides,
-        "resources": {"gpus": args.gpus},
-        "max_restarts": args.max_restarts,
-    });
-    if let Some(path) = &args.config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--config: cannot read {}", path.display()))?;
-        body["config"] = Value::String(text);
+    let config = match &args.config {
+        Some(path) => Some(Value::String(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("--config: cannot read {}", path.display()))?,
+        )),
+        None => None,
+    };
+    Ok(CreateRun {
+        launch: true,
+        working_dir: Some(here.display().to_string()),
+        overrides,
+        resources: Some(Resources { gpus: args.gpus }),
+        max_restarts: Some(args.max_restarts),
+        config,
+        profile: args.profile.clone(),
+        experiment: args.experiment.clone(),
+        name: args.name.clone(),
+        ..CreateRun::default()
+    })
+}
+
+/// `what refused (STATUS): field: message` for a refusal; other errors as they are.
+pub fn refused(what: &str) -> impl FnOnce(ClientError) -> anyhow::Error + '_ {
+    move |e| match e {
+        ClientError::Refused { .. } => anyhow::anyhow!("{what} {e}"),
+        e => e.into(),
     }
-    if let Some(profile) = &args.profile {
-        body["profile"] = Value::String(profile.clone());
-    }
-    if let Some(e) = &args.experiment {
-        body["experiment"] = Value::String(e.clone());
-    }
-    if let Some(n) = &args.name {
-        body["name"] = Value::String(n.clone());
-    }
-    Ok(body)
 }
 
 /// Submits; returns the process exit code.
 pub async fn run(args: SubmitArgs) -> anyhow::Result<i32> {
-    let base = args.server.trim_end_matches('/').to_string();
-    let client = reqwest::Client::new();
-    let auth = |rb: reqwest::RequestBuilder| match &args.token {
-        Some(t) => rb.bearer_auth(t),
-        None => rb,
-    };
     if args.from.is_some() && args.resume.is_none() {
         bail!("--from picks the checkpoint of --resume RUN; it does nothing without it");
     }
-    let (url, body) = match &args.resume {
-        Some(run) => (
-            format!("{base}/api/v1/runs/{run}/resume"),
-            resume_body(&args),
-        ),
-        None => (format!("{base}/api/v1/runs"), build_body(&args)?),
+    let client = Client::new(&args.server, args.token.clone());
+    let run = match &args.resume {
+        Some(id) => client
+            .resume_run(id, &resume_request(&args)?)
+            .await
+            .map_err(refused("resume"))?,
+        None => client
+            .create_run(&launch_request(&args)?)
+            .await
+            .map_err(refused("launch"))?,
     };
-    let resp = auth(client.post(url).json(&body))
-        .send()
-        .await
-        .with_context(|| format!("cannot reach the server at {base}"))?;
-    let status = resp.status();
-    let reply: Value = resp
-        .json()
-        .await
-        .context("the server's reply is not JSON")?;
-    if !status.is_success() {
-        let what = if args.resume.is_some() {
-            "resume"
-        } else {
-            "launch"
-        };
-        bail!("{what} {}", refusal(status, &reply));
-    }
-    let id = reply["id"]
-        .as_str()
-        .context("the reply has no run id")?
-        .to_string();
-    println!("run {id} {}", reply["status"].as_str().unwrap_or("queued"));
+    println!("run {} {}", run.id, run.status);
     if !args.follow {
         return Ok(0);
     }
-    follow(&client, &base, &id, &auth).await
+    follow(&client, &run.id).await
 }
 
-async fn follow(
-    client: &reqwest::Client,
-    base: &str,
-    id: &str,
-    auth: &impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
-) -> anyhow::Result<i32> {
-    let logs = auth(client.get(format!("{base}/api/v1/runs/{id}/logs?follow=true")))
-        .send()
-        .await?
-        .error_for_status()?;
-    let mut stream = logs.bytes_stream();
-    let mut buf = String::new();
-    let mut event = String::new();
+/// Prints the run's output as it comes and its metrics every few seconds (to stderr) until it
+/// ends; returns the exit code of its final status.
+async fn follow(client: &Client, id: &str) -> anyhow::Result<i32> {
+    let mut logs = client.follow_logs(id).await?;
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     let mut last_metrics = String::new();
+    let mut out = std::io::stdout();
     loop {
         tokio::select! {
-            chunk = stream.next() => {
-                let Some(chunk) = chunk else { break };
-                buf.push_str(&String::from_utf8_lossy(&chunk?));
-                while let Some(nl) = buf.find('\n') {
-                    let line: String = buf.drain(..=nl).collect();
-                    let line = line.trim_end_matches(['\r', '\n']);
-                    if let Some(name) = line.strip_prefix("event:") {
-                        event = name.trim().to_string();
-                    } else if let Some(data) = line.strip_prefix("data:") {
-                        let v: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
-                        if event == "end" {
-                            let st = v["status"].as_str().unwrap_or("unknown").to_string();
-                            eprintln!("run {id} {st}");
-                            return Ok(exit_code_for(&st));
-                        }
-                        if let Some(text) = v["text"].as_str() {
-                            print!("{text}");
-                        }
-                    }
+            event = logs.next() => match event.transpose()? {
+                Some(LogEvent::Output(chunk)) => {
+                    out.write_all(chunk.text.as_bytes())?;
+                    out.flush()?;
                 }
-            }
+                Some(LogEvent::End(end)) => {
+                    eprintln!("run {id} {}", end.status);
+                    return Ok(exit_code_for(end.status()));
+                }
+                None => break,
+            },
             _ = tick.tick() => {
-                let run: Value = auth(client.get(format!("{base}/api/v1/runs/{id}")))
-                    .send().await?.json().await?;
-                let summary = summarize_metrics(&run["latest_metrics"]);
+                let run = client.get_run(id).await?;
+                let summary = summarize_metrics(&run.latest_metrics);
                 if !summary.is_empty() && summary != last_metrics {
                     eprintln!("[metrics] {summary}");
                     last_metrics = summary;
@@ -220,22 +176,16 @@ async fn follow(
             }
         }
     }
-    // The stream ended without an `end` event (server went away): report what we know.
-    let run: Value = auth(client.get(format!("{base}/api/v1/runs/{id}")))
-        .send()
-        .await?
-        .json()
-        .await?;
-    Ok(exit_code_for(run["status"].as_str().unwrap_or("unknown")))
+    // The stream ended without an `end` event (the server went away): report what we know.
+    let run = client.get_run(id).await?;
+    Ok(exit_code_for(Some(run.status)))
 }
 
-fn summarize_metrics(latest: &Value) -> String {
-    let Some(map) = latest.as_object() else {
-        return String::new();
-    };
-    map.iter()
+fn summarize_metrics(latest: &BTreeMap<String, LatestMetric>) -> String {
+    latest
+        .iter()
         .filter(|(k, _)| !k.starts_with("sys/"))
-        .filter_map(|(k, v)| Some(format!("{k}={:.4} @{}", v["value"].as_f64()?, v["step"])))
+        .map(|(k, m)| format!("{k}={:.4} @{}", m.value, m.step))
         .collect::<Vec<_>>()
         .join("  ")
 }
@@ -260,19 +210,20 @@ mod tests {
             follow: false,
             token: None,
         };
-        let body = build_body(&args).unwrap();
-        assert_eq!(body["launch"], true);
-        assert_eq!(body["profile"], "tiny");
-        assert_eq!(body["overrides"]["training.max_steps"], "5");
-        assert_eq!(body["resources"]["gpus"], 1);
+        let request = launch_request(&args).unwrap();
+        assert!(request.launch);
+        assert_eq!(request.profile.as_deref(), Some("tiny"));
+        assert_eq!(request.overrides["training.max_steps"], "5");
+        assert_eq!(request.resources, Some(Resources { gpus: 1 }));
+        assert_eq!(request.max_restarts, Some(2));
         let here = std::env::current_dir().unwrap();
-        assert_eq!(body["working_dir"], here.display().to_string());
+        assert_eq!(request.working_dir, Some(here.display().to_string()));
         assert!(here.is_absolute());
         let bad = SubmitArgs {
             set: vec!["oops".into()],
             ..args
         };
-        assert!(build_body(&bad)
+        assert!(launch_request(&bad)
             .unwrap_err()
             .to_string()
             .contains("KEY=VALUE"));
@@ -287,22 +238,25 @@ mod tests {
             args: SubmitArgs,
         }
         let parse = |argv: &[&str]| Cli::try_parse_from(argv).map(|c| c.args);
-        let args = parse(&["x", "--resume", "abc", "--from", "300"]).unwrap();
-        assert_eq!(resume_body(&args), json!({"from": 300}));
-        let args = parse(&["x", "--resume", "abc"]).unwrap();
-        assert_eq!(resume_body(&args), json!({"from": "latest"}));
-        let args = parse(&["x", "--resume", "abc", "--from", "best", "--gpus", "1"]).unwrap();
-        assert_eq!(
-            resume_body(&args),
-            json!({"from": "best", "resources": {"gpus": 1}})
-        );
+        let resume = |argv: &[&str]| resume_request(&parse(argv).unwrap());
+        let request = resume(&["x", "--resume", "abc", "--from", "300"]).unwrap();
+        assert_eq!(request.from, ResumeFrom::Step(300));
+        assert_eq!(request.resources, None);
+        let request = resume(&["x", "--resume", "abc"]).unwrap();
+        assert_eq!(request.from, ResumeFrom::Latest);
+        let request = resume(&["x", "--resume", "abc", "--from", "best", "--gpus", "1"]).unwrap();
+        assert_eq!(request.from, ResumeFrom::Best);
+        assert_eq!(request.resources, Some(Resources { gpus: 1 }));
+        let wrong = resume(&["x", "--resume", "abc", "--from", "newest"]).unwrap_err();
+        assert!(wrong.to_string().contains("--from `newest`"), "{wrong}");
         assert!(parse(&["x", "--resume", "abc", "--profile", "tiny"]).is_err());
     }
 
     #[test]
     fn only_a_finished_run_exits_zero() {
-        assert_eq!(exit_code_for("finished"), 0);
-        assert_ne!(exit_code_for("failed"), 0);
-        assert_ne!(exit_code_for("stopped"), 0);
+        assert_eq!(exit_code_for(Some(RunStatus::Finished)), 0);
+        assert_ne!(exit_code_for(Some(RunStatus::Failed)), 0);
+        assert_ne!(exit_code_for(Some(RunStatus::Stopped)), 0);
+        assert_ne!(exit_code_for(None), 0, "a status the server could not tell");
     }
 }

@@ -2,11 +2,14 @@
 //! and optionally follow its trials until it ends; `trainyard sweep pause|resume|stop ID`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use futures::StreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
+
+use crate::client::{Client, SubmitSweep, Sweep, Trial};
+use crate::store::sweeps::SweepState;
 
 #[derive(Debug, clap::Args)]
 pub struct SweepArgs {
@@ -42,151 +45,98 @@ pub enum SweepCommand {
     Stop { id: String },
 }
 
-/// The request body of a spec file. Relative paths in a config base mean what they mean here,
-/// where the user typed the command, unless the spec names its own working directory.
-pub fn submit_body(text: &str, here: &std::path::Path) -> anyhow::Result<Value> {
+/// The request of a spec file. Relative paths in a config base mean what they mean here, where
+/// the user typed the command, unless the spec names its own working directory.
+pub fn submit_request(text: &str, here: &Path) -> anyhow::Result<SubmitSweep> {
     let mut spec: Value =
         serde_yaml_ng::from_str(text).context("the sweep file is not valid YAML or JSON")?;
-    let Some(base) = spec.get_mut("base").and_then(Value::as_object_mut) else {
-        return Ok(json!({ "spec": spec }));
-    };
-    if !base.contains_key("working_dir") {
-        base.insert(
-            "working_dir".into(),
-            Value::String(here.display().to_string()),
-        );
+    if let Some(base) = spec.get_mut("base").and_then(Value::as_object_mut) {
+        if !base.contains_key("working_dir") {
+            base.insert(
+                "working_dir".into(),
+                Value::String(here.display().to_string()),
+            );
+        }
     }
-    Ok(json!({ "spec": spec }))
+    Ok(SubmitSweep { spec })
 }
 
 /// Runs the subcommand; returns the process exit code.
 pub async fn run(args: SweepArgs) -> anyhow::Result<i32> {
-    let base = args.server.trim_end_matches('/').to_string();
-    let client = reqwest::Client::new();
-    let auth = |rb: reqwest::RequestBuilder| match &args.token {
-        Some(t) => rb.bearer_auth(t),
-        None => rb,
-    };
-    let (url, body, follow) = match &args.command {
+    let client = Client::new(&args.server, args.token.clone());
+    let (sweep, follow) = match &args.command {
         SweepCommand::Submit { file, follow } => {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             let here = std::env::current_dir().context(
                 "cannot tell the current directory, which relative paths resolve against",
             )?;
-            (
-                format!("{base}/api/v1/sweeps"),
-                submit_body(&text, &here)?,
-                *follow,
-            )
+            let request = submit_request(&text, &here)?;
+            (client.submit_sweep(&request).await, *follow)
         }
-        SweepCommand::Pause { id } => {
-            (format!("{base}/api/v1/sweeps/{id}/pause"), json!({}), false)
-        }
-        SweepCommand::Resume { id } => (
-            format!("{base}/api/v1/sweeps/{id}/resume"),
-            json!({}),
-            false,
-        ),
-        SweepCommand::Stop { id } => (format!("{base}/api/v1/sweeps/{id}/stop"), json!({}), false),
+        SweepCommand::Pause { id } => (client.pause_sweep(id).await, false),
+        SweepCommand::Resume { id } => (client.resume_sweep(id).await, false),
+        SweepCommand::Stop { id } => (client.stop_sweep(id).await, false),
     };
-    let resp = auth(client.post(url).json(&body))
-        .send()
-        .await
-        .with_context(|| format!("cannot reach the server at {base}"))?;
-    let status = resp.status();
-    let reply: Value = resp
-        .json()
-        .await
-        .context("the server's reply is not JSON")?;
-    if !status.is_success() {
-        bail!("sweep {}", crate::submit::refusal(status, &reply));
-    }
-    let id = reply["id"]
-        .as_str()
-        .context("the reply has no sweep id")?
-        .to_string();
-    println!("sweep {id} {}", reply["state"].as_str().unwrap_or("?"));
+    let sweep = sweep.map_err(crate::submit::refused("sweep"))?;
+    println!("sweep {} {}", sweep.id, sweep.state.as_str());
     if !follow {
         return Ok(0);
     }
-    follow_sweep(&client, &base, &id, &auth).await
+    follow_sweep(&client, &sweep.id).await
 }
 
 /// One line per trial whenever its state or step changed; the best trial at the end.
-async fn follow_sweep(
-    client: &reqwest::Client,
-    base: &str,
-    id: &str,
-    auth: &impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
-) -> anyhow::Result<i32> {
-    let resp = auth(client.get(format!("{base}/api/v1/sweeps/{id}/events")))
-        .send()
-        .await?
-        .error_for_status()?;
-    let mut stream = resp.bytes_stream();
-    let mut buf = String::new();
+async fn follow_sweep(client: &Client, id: &str) -> anyhow::Result<i32> {
+    let mut events = client.sweep_events(id).await?;
     let mut shown: BTreeMap<i64, String> = BTreeMap::new();
-    let mut last = Value::Null;
-    while let Some(chunk) = stream.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk?));
-        while let Some(nl) = buf.find('\n') {
-            let line: String = buf.drain(..=nl).collect();
-            let Some(data) = line.trim_end().strip_prefix("data:") else {
-                continue;
-            };
-            let sweep: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
-            for trial in sweep["trials"].as_array().into_iter().flatten() {
-                let number = trial["number"].as_i64().unwrap_or(-1);
-                let line = trial_line(&sweep, trial);
-                if shown.get(&number) != Some(&line) {
-                    println!("{line}");
-                    shown.insert(number, line);
-                }
+    let mut last: Option<Sweep> = None;
+    while let Some(sweep) = events.next().await.transpose()? {
+        for trial in &sweep.trials {
+            let line = trial_line(&sweep, trial);
+            if shown.get(&trial.number) != Some(&line) {
+                println!("{line}");
+                shown.insert(trial.number, line);
             }
-            last = sweep;
         }
+        last = Some(sweep);
     }
-    let state = last["state"].as_str().unwrap_or("unknown");
-    match last["best"].as_object() {
+    let Some(sweep) = last else {
+        eprintln!("sweep {id}: the server sent no state");
+        return Ok(1);
+    };
+    let state = sweep.state.as_str();
+    match &sweep.best {
         Some(best) => eprintln!(
             "sweep {id} {state}: best trial {} {} = {} with {}",
-            best["number"],
-            last["metric"].as_str().unwrap_or("?"),
-            best["value"],
-            Value::Object(best["params"].as_object().cloned().unwrap_or_default())
+            best.number,
+            sweep.metric,
+            best.value,
+            Value::Object(best.params.clone())
         ),
         None => eprintln!("sweep {id} {state}: no trial completed"),
     }
-    Ok(match state {
-        "finished" => 0,
-        "stopped" => 3,
+    Ok(match sweep.state {
+        SweepState::Finished => 0,
+        SweepState::Stopped => 3,
         _ => 1,
     })
 }
 
-fn trial_line(sweep: &Value, trial: &Value) -> String {
-    let params: Vec<String> = trial["params"]
-        .as_object()
-        .into_iter()
-        .flatten()
+fn trial_line(sweep: &Sweep, trial: &Trial) -> String {
+    let params: Vec<String> = trial
+        .params
+        .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     let mut line = format!(
         "trial {} {} {}",
-        trial["number"],
-        trial["state"].as_str().unwrap_or("?"),
+        trial.number,
+        trial.state.as_str(),
         params.join(" ")
     );
-    if let (Some(step), Some(value)) = (
-        trial["step"].as_i64(),
-        trial["curve"].as_array().and_then(|c| c.last()),
-    ) {
-        line.push_str(&format!(
-            "  step {step} {}={}",
-            sweep["metric"].as_str().unwrap_or("metric"),
-            value[1]
-        ));
+    if let (Some(step), Some([_, value])) = (trial.step, trial.curve.last()) {
+        line.push_str(&format!("  step {step} {}={value}", sweep.metric));
     }
     line
 }
@@ -198,10 +148,11 @@ mod tests {
     #[test]
     fn a_spec_file_gets_the_working_directory_of_the_command() {
         let here = std::path::Path::new("/somewhere");
-        let body = submit_body("name: s\nbase: {profile: tiny}\n", here).unwrap();
-        assert_eq!(body["spec"]["base"]["working_dir"], "/somewhere");
-        let body = submit_body("name: s\nbase: {profile: tiny, working_dir: /x}\n", here).unwrap();
-        assert_eq!(body["spec"]["base"]["working_dir"], "/x");
-        assert!(submit_body("name: [", here).is_err());
+        let request = submit_request("name: s\nbase: {profile: tiny}\n", here).unwrap();
+        assert_eq!(request.spec["base"]["working_dir"], "/somewhere");
+        let request =
+            submit_request("name: s\nbase: {profile: tiny, working_dir: /x}\n", here).unwrap();
+        assert_eq!(request.spec["base"]["working_dir"], "/x");
+        assert!(submit_request("name: [", here).is_err());
     }
 }

@@ -235,9 +235,38 @@ pub struct RunPatch {
     pub config: Option<serde_json::Value>,
 }
 
+/// The body of every refusal of the API: `{"error": {"code", "message", "field"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    pub error: Refusal,
+}
+
+/// Why the server refused a request, as its error body says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// `invalid_field`, `not_found`, `conflict`, ...
+    pub code: String,
+    pub message: String,
+    /// The request field it is about, if one.
+    #[serde(default)]
+    pub field: Option<String>,
+}
+
+/// `field: message` (a config message that starts with its key already is left as it is).
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.field {
+            Some(field) if !self.message.starts_with(&format!("{field}:")) => {
+                write!(f, "{field}: {}", self.message)
+            }
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::moe_keys;
+    use super::{moe_keys, Refusal};
 
     #[test]
     fn moe_keys_have_the_documented_format_and_expert_keys_parse_back() {
@@ -271,5 +300,27 @@ mod tests {
         ] {
             assert_eq!(moe_keys::parse_expert(key), None, "{key}");
         }
+    }
+
+    #[test]
+    fn a_refusal_names_its_field_once() {
+        let refusal = |field: Option<&str>, message: &str| Refusal {
+            code: "invalid_field".into(),
+            message: message.into(),
+            field: field.map(str::to_string),
+        };
+        assert_eq!(
+            refusal(Some("name"), "too long").to_string(),
+            "name: too long"
+        );
+        assert_eq!(
+            refusal(
+                Some("training.max_steps"),
+                "training.max_steps: not a number"
+            )
+            .to_string(),
+            "training.max_steps: not a number"
+        );
+        assert_eq!(refusal(None, "no such run").to_string(), "no such run");
     }
 }

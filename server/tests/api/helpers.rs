@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
 use trainyard::app::{AppState, Settings};
@@ -220,108 +219,8 @@ pub async fn assert_error(
     error
 }
 
-#[derive(Debug, Clone)]
-pub struct SseEvent {
-    pub event: String,
-    pub id: Option<String>,
-    pub data: Value,
-}
-
-type ByteStream = futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>;
-
-/// Reads a `text/event-stream` as bytes and decodes each whole frame, so a character split
-/// across two reads arrives intact.
-pub struct SseClient {
-    stream: ByteStream,
-    buffer: Vec<u8>,
-}
-
-impl SseClient {
-    /// Reads the events of an already opened `text/event-stream` response.
-    pub fn from_response(response: Response) -> SseClient {
-        SseClient {
-            stream: response
-                .bytes_stream()
-                .map(|r| r.map(|b| b.to_vec()))
-                .boxed(),
-            buffer: Vec::new(),
-        }
-    }
-
-    /// The next named event (keep-alive comments are skipped); panics after 10 s of silence.
-    pub async fn next_event(&mut self) -> SseEvent {
-        self.next_event_or_end().await.expect("the stream is open")
-    }
-
-    /// The next named event, or `None` once the server ended the stream; panics after 10 s of
-    /// silence.
-    pub async fn next_event_or_end(&mut self) -> Option<SseEvent> {
-        loop {
-            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-                let frame: Vec<u8> = self.buffer.drain(..end + 2).collect();
-                let frame = String::from_utf8(frame).expect("an SSE frame is UTF-8");
-                if let Some(event) = parse_frame(&frame) {
-                    return Some(event);
-                }
-                continue;
-            }
-            let chunk = tokio::time::timeout(Duration::from_secs(10), self.stream.next())
-                .await
-                .expect("an SSE event within 10 s");
-            match chunk {
-                Some(chunk) => self.buffer.extend(chunk.expect("reading the stream")),
-                None => return None,
-            }
-        }
-    }
-
-    /// Reads until the server ends the stream; returns the events sent before the end. Panics
-    /// if the stream stays silent for 10 s without ending.
-    pub async fn until_end(&mut self) -> Vec<SseEvent> {
-        let mut events = Vec::new();
-        while let Some(event) = self.next_event_or_end().await {
-            events.push(event);
-        }
-        events
-    }
-
-    /// Collects `points` events until `count` points arrived; returns (steps, last event id).
-    pub async fn collect_points(&mut self, count: usize) -> (Vec<i64>, Option<String>) {
-        let mut steps = Vec::new();
-        let mut last_id = None;
-        while steps.len() < count {
-            let event = self.next_event().await;
-            if event.event == "points" {
-                for p in event.data["points"].as_array().expect("points array") {
-                    steps.push(p["step"].as_i64().expect("step"));
-                }
-                last_id = event.id;
-            }
-        }
-        (steps, last_id)
-    }
-}
-
-fn parse_frame(frame: &str) -> Option<SseEvent> {
-    let mut event = None;
-    let mut id = None;
-    let mut data = String::new();
-    for line in frame.lines() {
-        if let Some(v) = line.strip_prefix("event:") {
-            event = Some(v.trim().to_string());
-        } else if let Some(v) = line.strip_prefix("id:") {
-            id = Some(v.trim().to_string());
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push_str(v.trim_start());
-        }
-    }
-    let event = event?;
-    Some(SseEvent {
-        event,
-        id,
-        data: serde_json::from_str(&data).unwrap_or(Value::String(data)),
-    })
-}
+/// Event streams are read by the kit's `SseClient` (the API client's decoder).
+pub use crate::kit::SseClient;
 
 /// Generates one test per backend for each scenario `async fn name(app: &TestApp)`.
 #[macro_export]

@@ -6,8 +6,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde_json::Value;
 use sqlx::Connection;
 use trainyard::app::{AppState, Application, Settings};
+use trainyard::client::sse::{self, SseError};
 
 const DEFAULT_PG: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -137,6 +141,74 @@ pub fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(30))
         .build()
         .expect("client")
+}
+
+/// One event of a `text/event-stream`, its data read as JSON (as text when it is not JSON).
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub event: String,
+    pub id: Option<String>,
+    pub data: Value,
+}
+
+/// Reads the events of a `text/event-stream` with the API client's decoder (`client::sse`),
+/// which keeps a character or a frame split across two reads whole.
+pub struct SseClient {
+    events: BoxStream<'static, Result<sse::SseEvent, SseError>>,
+}
+
+impl SseClient {
+    /// Reads the events of an already opened `text/event-stream` response.
+    pub fn from_response(response: reqwest::Response) -> SseClient {
+        SseClient {
+            events: sse::events(response),
+        }
+    }
+
+    /// The next event (keep-alive comments are skipped); panics after 10 s without one.
+    pub async fn next_event(&mut self) -> SseEvent {
+        self.next_event_or_end().await.expect("the stream is open")
+    }
+
+    /// The next event, or `None` once the server ended the stream; panics after 10 s without
+    /// either.
+    pub async fn next_event_or_end(&mut self) -> Option<SseEvent> {
+        let next = tokio::time::timeout(Duration::from_secs(10), self.events.next())
+            .await
+            .expect("an SSE event within 10 s")?;
+        let event = next.expect("reading the event stream");
+        Some(SseEvent {
+            event: event.event,
+            id: event.id,
+            data: serde_json::from_str(&event.data).unwrap_or(Value::String(event.data)),
+        })
+    }
+
+    /// Reads until the server ends the stream; returns the events sent before the end. Panics
+    /// if the stream stays silent for 10 s without ending.
+    pub async fn until_end(&mut self) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next_event_or_end().await {
+            events.push(event);
+        }
+        events
+    }
+
+    /// Collects `points` events until `count` points arrived; returns (steps, last event id).
+    pub async fn collect_points(&mut self, count: usize) -> (Vec<i64>, Option<String>) {
+        let mut steps = Vec::new();
+        let mut last_id = None;
+        while steps.len() < count {
+            let event = self.next_event().await;
+            if event.event == "points" {
+                for p in event.data["points"].as_array().expect("points array") {
+                    steps.push(p["step"].as_i64().expect("step"));
+                }
+                last_id = event.id;
+            }
+        }
+        (steps, last_id)
+    }
 }
 
 /// The Python that has the official `mlflow` client: `TRAINYARD_MLFLOW_PYTHON`, else the

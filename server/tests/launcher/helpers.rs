@@ -12,11 +12,141 @@ use crate::kit;
 
 pub const TRAINYARD: &str = env!("CARGO_BIN_EXE_trainyard");
 
+/// A launcher-enabled server in this process; its requests are `Api`'s methods
+/// (`app.launch(body)`, `app.wait_terminal(&id)`, `app.get(path)`, `app.post(path, &body)`).
 pub struct TestApp {
-    pub address: String,
-    pub client: reqwest::Client,
+    pub api: Api,
     pub state: AppState,
     pub data_dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for TestApp {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+/// A server's address and a client: the requests a test makes of it, as JSON values (a test
+/// asserts on what the server sends, bad input included), and the typed `trainyard::client`.
+#[derive(Clone)]
+pub struct Api {
+    /// `http://127.0.0.1:<port>`.
+    pub address: String,
+    pub client: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(address: &str) -> Api {
+        Api {
+            address: address.to_string(),
+            client: client(),
+        }
+    }
+
+    /// `address` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    /// The typed API client of the command line, on this server.
+    pub fn typed(&self) -> trainyard::client::Client {
+        trainyard::client::Client::with_http(&self.address, None, self.client.clone())
+    }
+
+    /// POSTs `body` as JSON; the status and the reply (`null` when it is not JSON).
+    pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let resp = self
+            .client
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// GETs a JSON reply (panics if it is not JSON).
+    pub async fn get(&self, path: &str) -> Value {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("request")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// Launches and returns the new run's id (panics unless 201 queued).
+    pub async fn launch(&self, body: Value) -> String {
+        let (status, reply) = self.post("/api/v1/runs", &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{reply}");
+        assert_eq!(reply["status"], "queued");
+        reply["id"].as_str().expect("id").to_string()
+    }
+
+    /// `POST /api/v1/runs/{id}/stop`: the status of the answer.
+    pub async fn stop(&self, id: &str) -> StatusCode {
+        let path = format!("/api/v1/runs/{id}/stop");
+        self.post(&path, &serde_json::json!({})).await.0
+    }
+
+    /// Polls the run until `done` holds for it; panics with the last state after `timeout`.
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let resp = self
+                .client
+                .get(self.url(&format!("/api/v1/runs/{id}")))
+                .send()
+                .await;
+            if let Ok(resp) = resp {
+                if let Ok(run) = resp.json::<Value>().await {
+                    if done(&run) {
+                        return run;
+                    }
+                    if Instant::now() > deadline {
+                        panic!("run {id} did not get there in {timeout:?}: {run:#}");
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("run {id}: server unreachable for {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits for a run to end. The budget is only a guard against a hung test: a 4,000-step
+    /// CPU run on a loaded 2-core machine took more than 120 s.
+    pub async fn wait_terminal(&self, id: &str) -> Value {
+        self.wait_for(id, Duration::from_secs(400), |r| {
+            matches!(
+                r["status"].as_str(),
+                Some("finished" | "failed" | "stopped")
+            )
+        })
+        .await
+    }
+
+    /// Follows the run's log (`?follow=true`) until the server ends the stream.
+    pub async fn follow_log(&self, id: &str) -> Vec<kit::SseEvent> {
+        let resp = self
+            .client
+            .get(self.url(&format!("/api/v1/runs/{id}/logs?follow=true")))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        kit::SseClient::from_response(resp).until_end().await
+    }
 }
 
 /// An in-process server on SQLite whose launcher has the given fake GPUs and CPU slots.
@@ -46,8 +176,7 @@ pub async fn spawn_app_with(
     tweak(&mut settings);
     let spawned = kit::spawn(settings).await;
     TestApp {
-        address: spawned.address,
-        client: client(),
+        api: Api::new(&spawned.address),
         state: spawned.state,
         data_dir,
     }
@@ -69,84 +198,6 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
-pub async fn post(
-    client: &reqwest::Client,
-    address: &str,
-    path: &str,
-    body: &Value,
-) -> (StatusCode, Value) {
-    let resp = client
-        .post(format!("{address}{path}"))
-        .json(body)
-        .send()
-        .await
-        .expect("request");
-    let status = resp.status();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-pub async fn get(client: &reqwest::Client, address: &str, path: &str) -> Value {
-    client
-        .get(format!("{address}{path}"))
-        .send()
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("json")
-}
-
-/// Launches and returns the new run's id (panics unless 201 queued).
-pub async fn launch(client: &reqwest::Client, address: &str, body: Value) -> String {
-    let (status, reply) = post(client, address, "/api/v1/runs", &body).await;
-    assert_eq!(status, StatusCode::CREATED, "{reply}");
-    assert_eq!(reply["status"], "queued");
-    reply["id"].as_str().expect("id").to_string()
-}
-
-/// Polls the run until `done` holds for it; panics with the last state after `timeout`.
-pub async fn wait_for(
-    client: &reqwest::Client,
-    address: &str,
-    id: &str,
-    timeout: Duration,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let resp = client
-            .get(format!("{address}/api/v1/runs/{id}"))
-            .send()
-            .await;
-        if let Ok(resp) = resp {
-            if let Ok(run) = resp.json::<Value>().await {
-                if done(&run) {
-                    return run;
-                }
-                if Instant::now() > deadline {
-                    panic!("run {id} did not get there in {timeout:?}: {run:#}");
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            panic!("run {id}: server unreachable for {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits for a run to end. The budget is only a guard against a hung test: a 4,000-step CPU run
-/// on a loaded 2-core machine took more than 120 s.
-pub async fn wait_terminal(client: &reqwest::Client, address: &str, id: &str) -> Value {
-    wait_for(client, address, id, Duration::from_secs(400), |r| {
-        matches!(
-            r["status"].as_str(),
-            Some("finished" | "failed" | "stopped")
-        )
-    })
-    .await
-}
-
 pub fn launch_record(data_dir: &Path, id: &str) -> Value {
     let text = std::fs::read_to_string(data_dir.join("runs").join(id).join("launch.json"))
         .expect("launch.json");
@@ -162,12 +213,20 @@ pub fn children(pid: i64) -> Vec<i32> {
         .collect()
 }
 
-/// A `trainyard serve` process (so a test can SIGKILL the server for real).
+/// A `trainyard serve` process (so a test can SIGKILL the server for real); its requests are
+/// `Api`'s methods, as a `TestApp`'s are.
 pub struct ServeProcess {
     pub child: std::process::Child,
-    pub address: String,
+    pub api: Api,
     /// The port it listens on: a restart on the same data directory passes it back in.
     pub port: u16,
+}
+
+impl std::ops::Deref for ServeProcess {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
 }
 
 /// The file in a server's data directory that collects its log, across restarts.
@@ -237,7 +296,7 @@ pub async fn spawn_serve_with_env(
     }
     ServeProcess {
         child,
-        address,
+        api: Api::new(&address),
         port,
     }
 }

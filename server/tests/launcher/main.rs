@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
 
+mod client;
 mod confine;
 mod env;
 mod helpers;
@@ -34,11 +35,11 @@ date +%s%N > "$d/$TRAINYARD_RUN_ID.end""#;
     for _ in 0..10 {
         let cmd = json!(["sh", s.to_str().unwrap(), marks.path().to_str().unwrap()]);
         let body = json!({"launch": true, "resources": {"gpus": 1}, "command": cmd});
-        ids.push(launch(&app.client, &app.address, body).await);
+        ids.push(app.launch(body).await);
     }
     let mut intervals = Vec::new();
     for id in &ids {
-        let run = wait_terminal(&app.client, &app.address, id).await;
+        let run = app.wait_terminal(id).await;
         assert_eq!(run["status"], "finished", "{run:#}");
         let start = std::fs::read_to_string(marks.path().join(format!("{id}.start"))).unwrap();
         let end = std::fs::read_to_string(marks.path().join(format!("{id}.end"))).unwrap();
@@ -85,7 +86,7 @@ date +%s%N > "$d/$TRAINYARD_RUN_ID.end""#;
 async fn a_run_asking_for_more_gpus_than_exist_is_rejected_with_a_clear_error() {
     let app = spawn_app(&[0, 1], 1).await;
     let body = json!({"launch": true, "profile": "tiny", "resources": {"gpus": 3}});
-    let (status, reply) = post(&app.client, &app.address, "/api/v1/runs", &body).await;
+    let (status, reply) = app.post("/api/v1/runs", &body).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(reply["error"]["field"], "resources.gpus");
     let msg = reply["error"]["message"].as_str().unwrap();
@@ -115,11 +116,11 @@ async fn launch_requests_with_config_mistakes_are_rejected_naming_the_key() {
         (json!({"command": "echo hi"}), "command"),
     ];
     for (body, field) in cases {
-        let (status, reply) = post(&app.client, &app.address, "/api/v1/runs", &body).await;
+        let (status, reply) = app.post("/api/v1/runs", &body).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body} → {reply}");
         assert_eq!(reply["error"]["field"], field, "{body} → {reply}");
     }
-    let runs = get(&app.client, &app.address, "/api/v1/runs").await;
+    let runs = app.get("/api/v1/runs").await;
     assert_eq!(
         runs["runs"].as_array().unwrap().len(),
         0,
@@ -132,20 +133,9 @@ async fn killing_a_runs_process_with_sigkill_fails_the_run_within_five_seconds_w
 ) {
     let app = spawn_app(&[], 1).await;
     let cmd = "echo hello-from-the-run; exec sleep 60";
-    let id = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": cmd}),
-    )
-    .await;
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(30),
-        |r| r["status"] == "running",
-    )
-    .await;
+    let id = app.launch(json!({"launch": true, "command": cmd})).await;
+    app.wait_for(&id, Duration::from_secs(30), |r| r["status"] == "running")
+        .await;
     let wrapper = launch_record(app.data_dir.path(), &id)["process"]["pid"]
         .as_i64()
         .unwrap();
@@ -164,14 +154,9 @@ async fn killing_a_runs_process_with_sigkill_fails_the_run_within_five_seconds_w
     tokio::time::sleep(Duration::from_millis(300)).await;
     let killed_at = Instant::now();
     unsafe { libc::kill(target, libc::SIGKILL) };
-    let run = wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(5),
-        |r| r["status"] == "failed",
-    )
-    .await;
+    let run = app
+        .wait_for(&id, Duration::from_secs(5), |r| r["status"] == "failed")
+        .await;
     assert!(killed_at.elapsed() <= Duration::from_secs(5));
     assert_eq!(run["exit"]["signal"], 9, "{run:#}");
     let message = run["exit"]["message"].as_str().unwrap();
@@ -184,8 +169,8 @@ async fn a_failed_command_with_max_restarts_is_relaunched_and_its_attempts_are_c
     let app = spawn_app(&[], 1).await;
     let cmd = r#"echo "attempt $TRAINYARD_ATTEMPT"; [ "$TRAINYARD_ATTEMPT" = 2 ] || exit 7"#;
     let body = json!({"launch": true, "command": cmd, "max_restarts": 1});
-    let id = launch(&app.client, &app.address, body).await;
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let id = app.launch(body).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.attempts"], "2");
     let events = app.state.store.run_events(&id, None).await.unwrap();
@@ -214,13 +199,10 @@ async fn a_failed_command_with_max_restarts_is_relaunched_and_its_attempts_are_c
 #[tokio::test]
 async fn a_run_that_fails_with_no_restarts_left_is_failed_with_its_exit_code() {
     let app = spawn_app(&[], 1).await;
-    let id = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": "echo boom >&2; exit 3"}),
-    )
-    .await;
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let id = app
+        .launch(json!({"launch": true, "command": "echo boom >&2; exit 3"}))
+        .await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "failed");
     assert_eq!(run["exit"]["exit_code"], 3);
     assert!(run["exit"]["message"].as_str().unwrap().contains("boom"));
@@ -231,50 +213,32 @@ async fn stopping_a_queued_run_takes_it_out_of_the_queue_and_stopping_a_running_
 {
     let app = spawn_app(&[0], 0).await;
     let cmd = "echo up; exec sleep 60";
-    let first = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": cmd, "resources": {"gpus": 1}}),
-    )
+    let first = app
+        .launch(json!({"launch": true, "command": cmd, "resources": {"gpus": 1}}))
+        .await;
+    let second = app
+        .launch(json!({"launch": true, "command": cmd, "resources": {"gpus": 1}}))
+        .await;
+    app.wait_for(&first, Duration::from_secs(30), |r| {
+        r["status"] == "running"
+    })
     .await;
-    let second = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": cmd, "resources": {"gpus": 1}}),
-    )
-    .await;
-    wait_for(
-        &app.client,
-        &app.address,
-        &first,
-        Duration::from_secs(30),
-        |r| r["status"] == "running",
-    )
-    .await;
-    let (status, reply) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{second}/stop"),
-        &json!({}),
-    )
-    .await;
+    let (status, reply) = app
+        .post(&format!("/api/v1/runs/{second}/stop"), &json!({}))
+        .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(reply["status"], "stopped");
     assert_eq!(
-        get(&app.client, &app.address, &format!("/api/v1/runs/{second}")).await["status"],
+        app.get(&format!("/api/v1/runs/{second}")).await["status"],
         "stopped"
     );
     assert!(app.state.launcher.queued().is_empty());
-    let (status, reply) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{first}/stop"),
-        &json!({}),
-    )
-    .await;
+    let (status, reply) = app
+        .post(&format!("/api/v1/runs/{first}/stop"), &json!({}))
+        .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(reply["status"], "stopping");
-    let run = wait_terminal(&app.client, &app.address, &first).await;
+    let run = app.wait_terminal(&first).await;
     assert_eq!(run["status"], "stopped", "{run:#}");
     assert_eq!(
         run["exit"]["signal"], 15,
@@ -288,13 +252,7 @@ async fn stopping_a_queued_run_takes_it_out_of_the_queue_and_stopping_a_running_
         .join(&second)
         .join("output.log")
         .exists());
-    let (status, _) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{first}/stop"),
-        &json!({}),
-    )
-    .await;
+    let status = app.stop(&first).await;
     assert_eq!(
         status,
         StatusCode::CONFLICT,
@@ -306,29 +264,12 @@ async fn stopping_a_queued_run_takes_it_out_of_the_queue_and_stopping_a_running_
 async fn a_run_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let app = spawn_app(&[], 1).await;
     let cmd = "trap '' TERM; echo stubborn; sleep 60";
-    let id = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": cmd}),
-    )
-    .await;
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(30),
-        |r| r["status"] == "running",
-    )
-    .await;
-    let (status, _) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/stop"),
-        &json!({}),
-    )
-    .await;
+    let id = app.launch(json!({"launch": true, "command": cmd})).await;
+    app.wait_for(&id, Duration::from_secs(30), |r| r["status"] == "running")
+        .await;
+    let status = app.stop(&id).await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "stopped");
     assert_eq!(run["exit"]["signal"], 9, "{run:#}");
 }
@@ -346,21 +287,15 @@ done
 echo "cuda=[$CUDA_VISIBLE_DEVICES]"
 exit 0"#;
     let s = script(dir.path(), "report.sh", body);
-    let id = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": [s.to_str().unwrap()]}),
-    )
-    .await;
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let id = app
+        .launch(json!({"launch": true, "command": [s.to_str().unwrap()]}))
+        .await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["exit"]["exit_code"], 0);
-    let series = get(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/metrics?key=custom/score"),
-    )
-    .await;
+    let series = app
+        .get(&format!("/api/v1/runs/{id}/metrics?key=custom/score"))
+        .await;
     let steps: Vec<i64> = series["points"]
         .as_array()
         .unwrap()
@@ -385,45 +320,27 @@ exit 0"#;
 async fn logs_are_served_by_tail_and_offset_and_followed_live_until_the_run_ends() {
     let app = spawn_app(&[], 1).await;
     let cmd = "for i in 1 2 3 4 5; do echo line-$i; sleep 0.2; done";
-    let id = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": cmd}),
-    )
-    .await;
-    let resp = app
-        .client
-        .get(format!("{}/api/v1/runs/{id}/logs?follow=true", app.address))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.headers()["content-type"], "text/event-stream");
-    let text = resp.text().await.unwrap(); // the stream ends after the `end` event
-    let mut got = String::new();
-    for line in text.lines() {
-        if let Some(data) = line.strip_prefix("data:") {
-            let v: Value = serde_json::from_str(data.trim()).unwrap();
-            if let Some(t) = v["text"].as_str() {
-                got.push_str(t);
-            }
-        }
-    }
+    let id = app.launch(json!({"launch": true, "command": cmd})).await;
+    // The stream ends after the `end` event.
+    let events = app.follow_log(&id).await;
+    let (end, output) = events.split_last().expect("events");
+    let got: String = output
+        .iter()
+        .map(|e| {
+            assert_eq!(e.event, "log", "{e:?}");
+            e.data["text"].as_str().expect("text")
+        })
+        .collect();
     assert_eq!(got, "line-1\nline-2\nline-3\nline-4\nline-5\n");
-    assert!(text.contains("event: end"), "{text}");
-    assert!(text.contains("\"status\":\"finished\""), "{text}");
-    let tail = get(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/logs?tail=2&format=json"),
-    )
-    .await;
+    assert_eq!(end.event, "end", "{end:?}");
+    assert_eq!(end.data["status"], "finished", "{end:?}");
+    let tail = app
+        .get(&format!("/api/v1/runs/{id}/logs?tail=2&format=json"))
+        .await;
     assert_eq!(tail["text"], "line-4\nline-5\n");
-    let from = get(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/logs?offset=7&format=json"),
-    )
-    .await;
+    let from = app
+        .get(&format!("/api/v1/runs/{id}/logs?offset=7&format=json"))
+        .await;
     assert_eq!(from["text"], "line-2\nline-3\nline-4\nline-5\n");
     let (status, reply) = {
         let r = app
@@ -441,13 +358,10 @@ async fn logs_are_served_by_tail_and_offset_and_followed_live_until_the_run_ends
 #[tokio::test]
 async fn a_running_process_reports_system_metrics() {
     let app = spawn_app(&[], 1).await;
-    let id = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": "sleep 2"}),
-    )
-    .await;
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let id = app
+        .launch(json!({"launch": true, "command": "sleep 2"}))
+        .await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished");
     let rss = &run["latest_metrics"]["sys/rss_mb"];
     assert!(rss["value"].as_f64().unwrap() > 0.0, "{run:#}");
@@ -465,6 +379,7 @@ async fn submit_follow_streams_the_output_and_exits_with_the_final_status() {
         bin.path(),
         "fake-trainer.sh",
         r#"echo "fake trainer: $*"
+echo "héllo ✓ 日本"
 grep -q '"max_steps": 13' "$TRAINYARD_RUN_DIR/config.json" && { echo "unlucky"; exit 4; }
 exit 0"#,
     );
@@ -486,6 +401,7 @@ exit 0"#,
     );
     assert!(stdout.contains("fake trainer: train --config"), "{stdout}");
     assert!(stdout.contains("--run-id"), "{stdout}");
+    assert!(stdout.contains("héllo ✓ 日本\n"), "{stdout}");
     let failed = submit("13").await.unwrap();
     assert_eq!(
         failed.status.code(),

@@ -12,7 +12,6 @@ async fn a_run_survives_a_server_sigkill_is_readopted_finishes_and_misses_no_met
     let data = tempfile::tempdir().unwrap();
     let mut server = spawn_serve(data.path(), 0).await;
     let port = server.port;
-    let c = client();
     // Posts 30 steps, retrying each until the server takes it (as the trainer's spool does).
     let cmd = r#"for step in $(seq 0 29); do
   until curl -sf -X POST "$TRAINYARD_SERVER_URL/api/v1/runs/$TRAINYARD_RUN_ID/metrics" \
@@ -22,14 +21,15 @@ async fn a_run_survives_a_server_sigkill_is_readopted_finishes_and_misses_no_met
   done
   sleep 0.1
 done"#;
-    let id = launch(&c, &server.address, json!({"launch": true, "command": cmd})).await;
-    wait_for(&c, &server.address, &id, Duration::from_secs(30), |r| {
-        r["latest_metrics"]["train/loss"]["step"]
-            .as_i64()
-            .unwrap_or(-1)
-            >= 3
-    })
-    .await;
+    let id = server.launch(json!({"launch": true, "command": cmd})).await;
+    server
+        .wait_for(&id, Duration::from_secs(30), |r| {
+            r["latest_metrics"]["train/loss"]["step"]
+                .as_i64()
+                .unwrap_or(-1)
+                >= 3
+        })
+        .await;
     server.child.kill().unwrap(); // SIGKILL
     server.child.wait().unwrap();
     let record = launch_record(data.path(), &id);
@@ -42,18 +42,15 @@ done"#;
     );
 
     let mut server = spawn_serve(data.path(), port).await;
-    let run = wait_terminal(&c, &server.address, &id).await;
+    let run = server.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(
         run["exit"]["exit_code"], 0,
         "the exit marker tells an adopted run's code"
     );
-    let series = get(
-        &c,
-        &server.address,
-        &format!("/api/v1/runs/{id}/metrics?key=train/loss"),
-    )
-    .await;
+    let series = server
+        .get(&format!("/api/v1/runs/{id}/metrics?key=train/loss"))
+        .await;
     assert_eq!(series["total"], 30, "{series:#}");
     let steps: Vec<i64> = series["points"]
         .as_array()
@@ -72,23 +69,15 @@ async fn after_a_server_restart_queued_runs_stay_queued_and_vanished_processes_a
     let data = tempfile::tempdir().unwrap();
     let mut server = spawn_serve(data.path(), 0).await;
     let port = server.port;
-    let c = client();
-    let hog = launch(
-        &c,
-        &server.address,
-        json!({"launch": true, "command": "exec sleep 60", "resources": {"gpus": 1}}),
-    )
-    .await;
-    let waiting = launch(
-        &c,
-        &server.address,
-        json!({"launch": true, "command": "echo ran", "resources": {"gpus": 1}}),
-    )
-    .await;
-    wait_for(&c, &server.address, &hog, Duration::from_secs(30), |r| {
-        r["status"] == "running"
-    })
-    .await;
+    let hog = server
+        .launch(json!({"launch": true, "command": "exec sleep 60", "resources": {"gpus": 1}}))
+        .await;
+    let waiting = server
+        .launch(json!({"launch": true, "command": "echo ran", "resources": {"gpus": 1}}))
+        .await;
+    server
+        .wait_for(&hog, Duration::from_secs(30), |r| r["status"] == "running")
+        .await;
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     // The whole process group dies while nobody watches: no exit marker is left.
@@ -99,13 +88,13 @@ async fn after_a_server_restart_queued_runs_stay_queued_and_vanished_processes_a
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let mut server = spawn_serve(data.path(), port).await;
-    let lost = wait_terminal(&c, &server.address, &hog).await;
+    let lost = server.wait_terminal(&hog).await;
     assert_eq!(lost["status"], "failed");
     assert!(
         lost["exit"]["message"].as_str().unwrap().contains("lost"),
         "{lost:#}"
     );
-    let done = wait_terminal(&c, &server.address, &waiting).await;
+    let done = server.wait_terminal(&waiting).await;
     assert_eq!(
         done["status"], "finished",
         "the queued run waited and then ran: {done:#}"
@@ -127,19 +116,15 @@ async fn a_graceful_shutdown_ends_log_followers_and_leaves_the_run_going() {
     let server = tokio::spawn(app.run_until(async {
         let _ = stopped.await;
     }));
-    let c = client();
-    let id = launch(
-        &c,
-        &address,
-        json!({"launch": true, "command": "echo up; exec sleep 60"}),
-    )
-    .await;
-    wait_for(&c, &address, &id, Duration::from_secs(30), |r| {
-        r["status"] == "running"
-    })
-    .await;
-    let follow = c
-        .get(format!("{address}/api/v1/runs/{id}/logs?follow=true"))
+    let api = Api::new(&address);
+    let id = api
+        .launch(json!({"launch": true, "command": "echo up; exec sleep 60"}))
+        .await;
+    api.wait_for(&id, Duration::from_secs(30), |r| r["status"] == "running")
+        .await;
+    let follow = api
+        .client
+        .get(api.url(&format!("/api/v1/runs/{id}/logs?follow=true")))
         .send()
         .await
         .unwrap();

@@ -97,33 +97,27 @@ fn trainer_pid(id: &str) -> Option<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_training_run_on_slurm_finishes_with_its_metrics_and_its_job_shown() {
     let app = slurm_app().await;
-    let id = launch(&app.client, &app.address, tiny(30, 0, 0)).await;
+    let id = app.launch(tiny(30, 0, 0)).await;
     let _cancel = CancelJobs(id.clone());
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.launcher"], "slurm");
     assert_eq!(run["tags"]["trainyard.slurm.partition"], "debug");
     // The trainer reports `finished` itself, before Slurm has seen its job end.
-    let run = wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(60),
-        |r| r["tags"]["trainyard.slurm.state"] == "COMPLETED" && loss_step(r) >= 30,
-    )
-    .await;
+    let run = app
+        .wait_for(&id, Duration::from_secs(60), |r| {
+            r["tags"]["trainyard.slurm.state"] == "COMPLETED" && loss_step(r) >= 30
+        })
+        .await;
     let jobs = jobs_of(app.data_dir.path(), &id);
     assert_eq!(jobs.len(), 1, "one attempt, one job");
     assert_eq!(run["tags"]["trainyard.slurm.job_id"], jobs[0]);
     assert_eq!(job_state(&jobs[0]), "COMPLETED");
     let record = launch_record(app.data_dir.path(), &id);
     assert_eq!(record["executor"], "slurm");
-    let series = get(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/metrics?key=train/loss"),
-    )
-    .await;
+    let series = app
+        .get(&format!("/api/v1/runs/{id}/metrics?key=train/loss"))
+        .await;
     assert_eq!(series["total"], 30, "{series:#}");
     // The job's output reaches the log API through the run's output.log.
     let log = app
@@ -178,15 +172,12 @@ done
 echo mine > own.txt && echo "WROTE own directory""#,
         database.display()
     );
-    let id = launch(
-        &app.client,
-        &app.address,
-        json!({"launch": true, "command": command, "resources":
-            {"executor": "slurm", "slurm": {"partition": "debug", "time": "15:00"}}}),
-    )
-    .await;
+    let id = app
+        .launch(json!({"launch": true, "command": command, "resources":
+            {"executor": "slurm", "slurm": {"partition": "debug", "time": "15:00"}}}))
+        .await;
     let _cancel = CancelJobs(id.clone());
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     let log = std::fs::read_to_string(
         app.data_dir
             .path()
@@ -210,25 +201,13 @@ echo mine > own.txt && echo "WROTE own directory""#,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_a_slurm_run_cancels_its_job_leaving_a_checkpoint_that_resume_continues_from() {
     let app = slurm_app().await;
-    let id = launch(&app.client, &app.address, tiny(100_000, 0, 0)).await;
+    let id = app.launch(tiny(100_000, 0, 0)).await;
     let _cancel = CancelJobs(id.clone());
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(300),
-        |r| loss_step(r) >= 5,
-    )
-    .await;
-    let (status, _) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/stop"),
-        &json!({}),
-    )
-    .await;
+    app.wait_for(&id, Duration::from_secs(300), |r| loss_step(r) >= 5)
+        .await;
+    let status = app.stop(&id).await;
     assert_eq!(status, reqwest::StatusCode::ACCEPTED);
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "stopped", "{run:#}");
     let dir = app.data_dir.path().join("runs").join(&id);
     let checkpoints: Vec<_> = std::fs::read_dir(dir.join("checkpoints"))
@@ -251,22 +230,17 @@ async fn stopping_a_slurm_run_cancels_its_job_leaving_a_checkpoint_that_resume_c
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Resume goes on as a new job of the same run, from the checkpoint the stop left.
-    let (status, reply) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/resume"),
-        &json!({"from": "latest"}),
-    )
-    .await;
+    let (status, reply) = app
+        .post(
+            &format!("/api/v1/runs/{id}/resume"),
+            &json!({"from": "latest"}),
+        )
+        .await;
     assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{reply}");
     let stopped_at = loss_step(&run);
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(300),
-        |r| r["status"] == "running" && loss_step(r) > stopped_at,
-    )
+    app.wait_for(&id, Duration::from_secs(300), |r| {
+        r["status"] == "running" && loss_step(r) > stopped_at
+    })
     .await;
     let jobs = jobs_of(app.data_dir.path(), &id);
     let events = app.state.store.run_events(&id, None).await.unwrap();
@@ -278,34 +252,22 @@ async fn stopping_a_slurm_run_cancels_its_job_leaving_a_checkpoint_that_resume_c
     );
     let script = std::fs::read_to_string(dir.join("slurm-job.sh")).unwrap();
     assert!(script.contains("'--resume'"), "{script}");
-    let (status, _) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/stop"),
-        &json!({}),
-    )
-    .await;
+    let status = app.stop(&id).await;
     assert_eq!(status, reqwest::StatusCode::ACCEPTED);
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "stopped", "{run:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_slurm_job_is_resubmitted_and_resumes_from_its_latest_checkpoint() {
     let app = slurm_app().await;
-    let id = launch(&app.client, &app.address, tiny(300, 10, 1)).await;
+    let id = app.launch(tiny(300, 10, 1)).await;
     let _cancel = CancelJobs(id.clone());
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(300),
-        |r| loss_step(r) >= 25,
-    )
-    .await;
+    app.wait_for(&id, Duration::from_secs(300), |r| loss_step(r) >= 25)
+        .await;
     let pid = trainer_pid(&id).expect("the trainer runs on this node");
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.attempts"], "2");
     let jobs = jobs_of(app.data_dir.path(), &id);
@@ -329,20 +291,13 @@ async fn a_failed_slurm_job_is_resubmitted_and_resumes_from_its_latest_checkpoin
     let log = std::fs::read_to_string(dir.join("output.log")).unwrap();
     assert!(log.contains("=== trainyard: attempt 2 ==="), "{log}");
     // Every step is there once, the resumed ones included.
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(60),
-        |r| loss_step(r) >= 300,
-    )
-    .await;
-    let series = get(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/metrics?key=train/loss&max_points=100000"),
-    )
-    .await;
+    app.wait_for(&id, Duration::from_secs(60), |r| loss_step(r) >= 300)
+        .await;
+    let series = app
+        .get(&format!(
+            "/api/v1/runs/{id}/metrics?key=train/loss&max_points=100000"
+        ))
+        .await;
     assert_eq!(series["total"], 300, "{series:#}");
 }
 
@@ -352,15 +307,13 @@ async fn a_slurm_job_outlives_a_server_sigkill_and_the_next_server_readopts_it()
     let env = [("TRAINYARD_EXECUTOR", "slurm")];
     let mut server = spawn_serve_with_env(data.path(), 0, &env).await;
     let port = server.port;
-    let c = client();
     let mut body = tiny(2000, 500, 0);
     body["resources"] = json!({});
-    let id = launch(&c, &server.address, body).await;
+    let id = server.launch(body).await;
     let _cancel = CancelJobs(id.clone());
-    wait_for(&c, &server.address, &id, Duration::from_secs(300), |r| {
-        loss_step(r) >= 10
-    })
-    .await;
+    server
+        .wait_for(&id, Duration::from_secs(300), |r| loss_step(r) >= 10)
+        .await;
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     let jobs = jobs_of(data.path(), &id);
@@ -373,7 +326,7 @@ async fn a_slurm_job_outlives_a_server_sigkill_and_the_next_server_readopts_it()
     );
 
     let mut server = spawn_serve_with_env(data.path(), port, &env).await;
-    let run = wait_terminal(&c, &server.address, &id).await;
+    let run = server.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.launcher"], "slurm");
     assert_eq!(
@@ -382,19 +335,19 @@ async fn a_slurm_job_outlives_a_server_sigkill_and_the_next_server_readopts_it()
         "re-adopted, not resubmitted"
     );
     // Only the executor following the job records Slurm's end of it and the exit status.
-    let run = wait_for(&c, &server.address, &id, Duration::from_secs(60), |r| {
-        r["tags"]["trainyard.slurm.state"] == "COMPLETED"
-            && r["exit"]["exit_code"] == 0
-            && loss_step(r) >= 2000
-    })
-    .await;
+    let run = server
+        .wait_for(&id, Duration::from_secs(60), |r| {
+            r["tags"]["trainyard.slurm.state"] == "COMPLETED"
+                && r["exit"]["exit_code"] == 0
+                && loss_step(r) >= 2000
+        })
+        .await;
     assert_eq!(run["status"], "finished", "{run:#}");
-    let series = get(
-        &c,
-        &server.address,
-        &format!("/api/v1/runs/{id}/metrics?key=train/loss&max_points=100000"),
-    )
-    .await;
+    let series = server
+        .get(&format!(
+            "/api/v1/runs/{id}/metrics?key=train/loss&max_points=100000"
+        ))
+        .await;
     assert_eq!(series["total"], 2000, "no step is missing: {series:#}");
     server.child.kill().unwrap();
     server.child.wait().unwrap();
@@ -463,7 +416,7 @@ async fn slurm_requests_that_cannot_work_are_refused_naming_the_field() {
     for (resources, field, words) in cases {
         let mut body = tiny(10, 0, 0);
         body["resources"] = resources.clone();
-        let (status, reply) = post(&app.client, &app.address, "/api/v1/runs", &body).await;
+        let (status, reply) = app.post("/api/v1/runs", &body).await;
         assert_eq!(
             status,
             reqwest::StatusCode::UNPROCESSABLE_ENTITY,
@@ -474,7 +427,7 @@ async fn slurm_requests_that_cannot_work_are_refused_naming_the_field() {
         let msg = reply["error"]["message"].as_str().unwrap_or("");
         assert!(msg.contains(words), "{resources} → {msg}");
     }
-    let runs = get(&app.client, &app.address, "/api/v1/runs").await;
+    let runs = app.get("/api/v1/runs").await;
     assert_eq!(
         runs["runs"].as_array().map(Vec::len),
         Some(0),
@@ -482,13 +435,7 @@ async fn slurm_requests_that_cannot_work_are_refused_naming_the_field() {
     );
     // A server nobody pointed at Slurm submits nothing to it.
     let local = spawn_app(&[], 1).await;
-    let (status, reply) = post(
-        &local.client,
-        &local.address,
-        "/api/v1/runs",
-        &tiny(10, 0, 0),
-    )
-    .await;
+    let (status, reply) = local.post("/api/v1/runs", &tiny(10, 0, 0)).await;
     assert_eq!(status, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
     assert_eq!(reply["error"]["field"], "resources.executor", "{reply}");
     let msg = reply["error"]["message"].as_str().unwrap_or("");
@@ -517,18 +464,12 @@ done"#;
         "parallel": 2,
         "seed": 3
     });
-    let (status, reply) = post(
-        &app.client,
-        &app.address,
-        "/api/v1/sweeps",
-        &json!({ "spec": spec }),
-    )
-    .await;
+    let (status, reply) = app.post("/api/v1/sweeps", &json!({ "spec": spec })).await;
     assert_eq!(status, reqwest::StatusCode::CREATED, "{reply:#}");
     let id = reply["id"].as_str().unwrap().to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     let sweep = loop {
-        let sweep = get(&app.client, &app.address, &format!("/api/v1/sweeps/{id}")).await;
+        let sweep = app.get(&format!("/api/v1/sweeps/{id}")).await;
         if sweep["state"] == "finished" {
             break sweep;
         }
@@ -539,7 +480,7 @@ done"#;
     assert_eq!(trials.len(), 2, "{sweep:#}");
     for t in trials {
         let run_id = t["run_id"].as_str().unwrap();
-        let run = get(&app.client, &app.address, &format!("/api/v1/runs/{run_id}")).await;
+        let run = app.get(&format!("/api/v1/runs/{run_id}")).await;
         assert_eq!(run["status"], "finished", "{run:#}");
         assert_eq!(run["tags"]["trainyard.launcher"], "slurm", "{run:#}");
         let job = run["tags"]["trainyard.slurm.job_id"].as_str().unwrap();
@@ -565,30 +506,21 @@ async fn a_run_whose_job_still_waits_in_slurm_is_stopped_by_cancelling_the_job()
     let mut body = tiny(10, 0, 0);
     // Held back by Slurm for an hour: the job stays PENDING (reason BeginTime).
     body["resources"]["slurm"]["extra"] = json!(["--begin=now+3600"]);
-    let id = launch(&app.client, &app.address, body).await;
+    let id = app.launch(body).await;
     let _cancel = CancelJobs(id.clone());
-    let run = wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(60),
-        |r| r["tags"]["trainyard.slurm.state"] == "PENDING",
-    )
-    .await;
+    let run = app
+        .wait_for(&id, Duration::from_secs(60), |r| {
+            r["tags"]["trainyard.slurm.state"] == "PENDING"
+        })
+        .await;
     assert_eq!(run["status"], "queued", "a pending job is a queued run");
     let job = run["tags"]["trainyard.slurm.job_id"]
         .as_str()
         .unwrap()
         .to_string();
-    let (status, _) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/stop"),
-        &json!({}),
-    )
-    .await;
+    let status = app.stop(&id).await;
     assert_eq!(status, reqwest::StatusCode::ACCEPTED);
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "stopped", "{run:#}");
     assert_eq!(job_state(&job), "CANCELLED");
     let events = app.state.store.run_events(&id, None).await.unwrap();
@@ -610,9 +542,9 @@ async fn a_job_that_reaches_its_time_limit_is_resubmitted_within_max_restarts() 
         "max_restarts": 1,
         "resources": {"slurm": {"time": "1"}},
     });
-    let id = launch(&app.client, &app.address, body).await;
+    let id = app.launch(body).await;
     let _cancel = CancelJobs(id.clone());
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.attempts"], "2");
     let jobs = jobs_of(app.data_dir.path(), &id);

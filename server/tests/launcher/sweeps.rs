@@ -71,22 +71,18 @@ fn analytic_spec(script: &Path, max_trials: u32, parallel: u32) -> Value {
     })
 }
 
-async fn submit(c: &reqwest::Client, address: &str, spec: Value) -> Value {
-    let (status, reply) = post(c, address, "/api/v1/sweeps", &json!({ "spec": spec })).await;
+async fn submit(api: &Api, spec: Value) -> Value {
+    let (status, reply) = api.post("/api/v1/sweeps", &json!({ "spec": spec })).await;
     assert_eq!(status, StatusCode::CREATED, "{reply:#}");
     reply
 }
 
 /// Polls the sweep until `done` holds; panics with its last state after the guard time.
-async fn wait_sweep(
-    c: &reqwest::Client,
-    address: &str,
-    id: &str,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
+async fn wait_sweep(api: &Api, id: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(400);
     loop {
-        if let Ok(resp) = c.get(format!("{address}/api/v1/sweeps/{id}")).send().await {
+        let resp = api.client.get(api.url(&format!("/api/v1/sweeps/{id}")));
+        if let Ok(resp) = resp.send().await {
             if let Ok(sweep) = resp.json::<Value>().await {
                 if done(&sweep) {
                     return sweep;
@@ -107,15 +103,12 @@ fn ended(s: &Value) -> bool {
 }
 
 /// The most trial runs that ran at once, from their start and end times.
-async fn peak_overlap(c: &reqwest::Client, address: &str, sweep: &Value) -> usize {
+async fn peak_overlap(api: &Api, sweep: &Value) -> usize {
     let mut edges = Vec::new();
     for t in sweep["trials"].as_array().unwrap() {
-        let run = get(
-            c,
-            address,
-            &format!("/api/v1/runs/{}", t["run_id"].as_str().unwrap()),
-        )
-        .await;
+        let run = api
+            .get(&format!("/api/v1/runs/{}", t["run_id"].as_str().unwrap()))
+            .await;
         let start = run["started_at"].as_i64().expect("started");
         let end = run["ended_at"].as_i64().expect("ended");
         edges.push((start, 1i32));
@@ -131,15 +124,12 @@ async fn peak_overlap(c: &reqwest::Client, address: &str, sweep: &Value) -> usiz
     peak as usize
 }
 
-async fn sweep_runs(c: &reqwest::Client, address: &str, id: &str) -> Vec<Value> {
-    let page = get(
-        c,
-        address,
-        &format!(
+async fn sweep_runs(api: &Api, id: &str) -> Vec<Value> {
+    let page = api
+        .get(&format!(
             "/api/v1/runs?experiment=sweeps&q=tags.trainyard.sweep%20%3D%20%27{id}%27&limit=1000"
-        ),
-    )
-    .await;
+        ))
+        .await;
     page["runs"].as_array().expect("runs").clone()
 }
 
@@ -149,7 +139,7 @@ async fn a_command_sweep_of_an_analytic_function_finishes_its_raised_budget_with
     let app = spawn_app(&[], 4).await;
     let dir = tempfile::tempdir().unwrap();
     let script = analytic_script(dir.path(), 0.3);
-    let sweep = submit(&app.client, &app.address, analytic_spec(&script, 4, 2)).await;
+    let sweep = submit(&app, analytic_spec(&script, 4, 2)).await;
     let id = sweep["id"].as_str().unwrap().to_string();
     assert_eq!(sweep["state"], "running");
 
@@ -163,7 +153,7 @@ async fn a_command_sweep_of_an_analytic_function_finishes_its_raised_budget_with
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK, "{:?}", resp.text().await);
 
-    let done = wait_sweep(&app.client, &app.address, &id, ended).await;
+    let done = wait_sweep(&app, &id, ended).await;
     assert_eq!(done["state"], "finished", "{done:#}");
     let trials = done["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 6, "{done:#}");
@@ -192,11 +182,11 @@ async fn a_command_sweep_of_an_analytic_function_finishes_its_raised_budget_with
     let distinct: BTreeSet<String> = trials.iter().map(|t| t["params"].to_string()).collect();
     assert_eq!(distinct.len(), 6, "six different suggestions");
     assert!(
-        peak_overlap(&app.client, &app.address, &done).await <= 2,
+        peak_overlap(&app, &done).await <= 2,
         "parallel: 2 was exceeded"
     );
     // The trials are runs like any other: tagged with their sweep, named after it.
-    let runs = sweep_runs(&app.client, &app.address, &id).await;
+    let runs = sweep_runs(&app, &id).await;
     assert_eq!(runs.len(), 6);
     assert!(runs
         .iter()
@@ -222,9 +212,9 @@ async fn a_tpe_sweep_of_the_trainer_with_asha_prunes_trials_before_max_steps_and
         "parallel": 2,
         "seed": 3
     });
-    let sweep = submit(&app.client, &app.address, spec).await;
+    let sweep = submit(&app, spec).await;
     let id = sweep["id"].as_str().unwrap().to_string();
-    let done = wait_sweep(&app.client, &app.address, &id, ended).await;
+    let done = wait_sweep(&app, &id, ended).await;
     assert_eq!(done["state"], "finished", "{done:#}");
     let trials = done["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 6);
@@ -232,26 +222,18 @@ async fn a_tpe_sweep_of_the_trainer_with_asha_prunes_trials_before_max_steps_and
     assert!(!pruned.is_empty(), "ASHA pruned nothing: {done:#}");
     for t in &pruned {
         let run_id = t["run_id"].as_str().unwrap();
-        let run = get(&app.client, &app.address, &format!("/api/v1/runs/{run_id}")).await;
+        let run = app.get(&format!("/api/v1/runs/{run_id}")).await;
         assert_eq!(run["status"], "pruned", "{run:#}");
         assert!(
             t["step"].as_i64().unwrap() < 300,
             "pruned before max_steps: {t}"
         );
         // Its metrics stay, and the trainer's last checkpoint.
-        let series = get(
-            &app.client,
-            &app.address,
-            &format!("/api/v1/runs/{run_id}/metrics?key=val/loss"),
-        )
-        .await;
+        let series = app
+            .get(&format!("/api/v1/runs/{run_id}/metrics?key=val/loss"))
+            .await;
         assert!(series["total"].as_i64().unwrap() >= 1, "{series}");
-        let checkpoints = get(
-            &app.client,
-            &app.address,
-            &format!("/api/v1/runs/{run_id}/checkpoints"),
-        )
-        .await;
+        let checkpoints = app.get(&format!("/api/v1/runs/{run_id}/checkpoints")).await;
         assert!(
             !checkpoints["checkpoints"].as_array().unwrap().is_empty(),
             "{checkpoints}"
@@ -269,7 +251,7 @@ async fn a_tpe_sweep_of_the_trainer_with_asha_prunes_trials_before_max_steps_and
         .fold(f64::INFINITY, f64::min);
     assert_eq!(done["best"]["value"].as_f64().unwrap(), best);
     assert!(
-        peak_overlap(&app.client, &app.address, &done).await <= 2,
+        peak_overlap(&app, &done).await <= 2,
         "parallel: 2 was exceeded"
     );
 }
@@ -279,15 +261,14 @@ async fn a_sweep_survives_a_server_sigkill_with_no_trial_lost_or_launched_twice(
     let data = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let script = analytic_script(dir.path(), 0.4);
-    let c = client();
     // The trials run confined, as a server runs them by default: their script lies in a root.
     let root = [("TRAINYARD_DATA_ROOTS", dir.path().to_str().unwrap())];
     let mut server = spawn_serve_with_env(data.path(), 0, &root).await;
     let port = server.port;
-    let sweep = submit(&c, &server.address, analytic_spec(&script, 6, 2)).await;
+    let sweep = submit(&server, analytic_spec(&script, 6, 2)).await;
     let id = sweep["id"].as_str().unwrap().to_string();
     // Killed in the middle: some trials done, others running.
-    wait_sweep(&c, &server.address, &id, |s| {
+    wait_sweep(&server, &id, |s| {
         s["counts"]["complete"].as_u64().unwrap_or(0) >= 2
     })
     .await;
@@ -296,8 +277,8 @@ async fn a_sweep_survives_a_server_sigkill_with_no_trial_lost_or_launched_twice(
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let mut server = spawn_serve_with_env(data.path(), port, &root).await;
-    let done = wait_sweep(&c, &server.address, &id, ended).await;
-    let runs = sweep_runs(&c, &server.address, &id).await;
+    let done = wait_sweep(&server, &id, ended).await;
+    let runs = sweep_runs(&server, &id).await;
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     assert_eq!(done["state"], "finished", "{done:#}");

@@ -34,13 +34,12 @@ fn loss_step(run: &Value) -> i64 {
 }
 
 /// Steps of `train/loss`, asserted to be exactly `first..first + count` without a gap.
-async fn assert_continuous(c: &reqwest::Client, address: &str, id: &str, count: i64) {
-    let series = get(
-        c,
-        address,
-        &format!("/api/v1/runs/{id}/metrics?key=train/loss&max_points=100000"),
-    )
-    .await;
+async fn assert_continuous(api: &Api, id: &str, count: i64) {
+    let series = api
+        .get(&format!(
+            "/api/v1/runs/{id}/metrics?key=train/loss&max_points=100000"
+        ))
+        .await;
     let steps: Vec<i64> = series["points"]
         .as_array()
         .unwrap()
@@ -72,18 +71,12 @@ async fn trainer_pid(data: &std::path::Path, id: &str) -> i32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trainer_killed_with_sigkill_is_relaunched_with_resume_and_its_metrics_are_continuous() {
     let app = spawn_confined_app(&[], 1).await;
-    let id = launch(&app.client, &app.address, tiny(300, 10, 1)).await;
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(300),
-        |r| loss_step(r) >= 25,
-    )
-    .await;
+    let id = app.launch(tiny(300, 10, 1)).await;
+    app.wait_for(&id, Duration::from_secs(300), |r| loss_step(r) >= 25)
+        .await;
     let pid = trainer_pid(app.data_dir.path(), &id).await;
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.attempts"], "2");
     let log = std::fs::read_to_string(
@@ -98,38 +91,20 @@ async fn a_trainer_killed_with_sigkill_is_relaunched_with_resume_and_its_metrics
     // The trainer reports `finished` itself; a last batch its reporter could not deliver (a
     // loaded machine) arrives from the launcher's backfill of metrics.jsonl once the process
     // has exited.
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(120),
-        |r| loss_step(r) >= 300,
-    )
-    .await;
-    assert_continuous(&app.client, &app.address, &id, 300).await;
+    app.wait_for(&id, Duration::from_secs(120), |r| loss_step(r) >= 300)
+        .await;
+    assert_continuous(&app, &id, 300).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_a_training_run_leaves_a_checkpoint_that_a_resumed_trainer_continues_from() {
     let app = spawn_confined_app(&[], 1).await;
-    let id = launch(&app.client, &app.address, tiny(100_000, 0, 0)).await;
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(300),
-        |r| loss_step(r) >= 10,
-    )
-    .await;
-    let (status, _) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/stop"),
-        &json!({}),
-    )
-    .await;
+    let id = app.launch(tiny(100_000, 0, 0)).await;
+    app.wait_for(&id, Duration::from_secs(300), |r| loss_step(r) >= 10)
+        .await;
+    let status = app.stop(&id).await;
     assert_eq!(status, reqwest::StatusCode::ACCEPTED);
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "stopped", "{run:#}");
     let dir = app.data_dir.path().join("runs").join(&id);
     let checkpoints: Vec<_> = std::fs::read_dir(dir.join("checkpoints"))
@@ -164,12 +139,10 @@ async fn a_training_run_survives_a_server_sigkill_and_no_metric_step_is_missing(
     let data = tempfile::tempdir().unwrap();
     let mut server = spawn_serve(data.path(), 0).await;
     let port = server.port;
-    let c = client();
-    let id = launch(&c, &server.address, tiny(4000, 1000, 0)).await;
-    wait_for(&c, &server.address, &id, Duration::from_secs(300), |r| {
-        loss_step(r) >= 20
-    })
-    .await;
+    let id = server.launch(tiny(4000, 1000, 0)).await;
+    server
+        .wait_for(&id, Duration::from_secs(300), |r| loss_step(r) >= 20)
+        .await;
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     // The trainer keeps training and spools while nobody listens.
@@ -183,9 +156,9 @@ async fn a_training_run_survives_a_server_sigkill_and_no_metric_step_is_missing(
         "the run must still be going for this test to mean anything"
     );
     let mut server = spawn_serve(data.path(), port).await;
-    let run = wait_terminal(&c, &server.address, &id).await;
+    let run = server.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
-    assert_continuous(&c, &server.address, &id, 4000).await;
+    assert_continuous(&server, &id, 4000).await;
     server.child.kill().unwrap();
     server.child.wait().unwrap();
 }
@@ -214,80 +187,65 @@ async fn a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run_on_postgr
 /// Stop, list checkpoints, a refused resume, a resume from the latest, sampling: one scenario
 /// on the same series of the same run.
 async fn a_stopped_run_resumed_through_the_api_goes_on_as_the_same_run(app: &TestApp) {
-    let id = launch(&app.client, &app.address, tiny(1000, 0, 0)).await;
-    wait_for(
-        &app.client,
-        &app.address,
-        &id,
-        Duration::from_secs(300),
-        |r| loss_step(r) >= 10,
-    )
-    .await;
+    let id = app.launch(tiny(1000, 0, 0)).await;
+    app.wait_for(&id, Duration::from_secs(300), |r| loss_step(r) >= 10)
+        .await;
     let path = format!("/api/v1/runs/{id}/stop");
-    post(&app.client, &app.address, &path, &json!({})).await;
-    let stopped = wait_terminal(&app.client, &app.address, &id).await;
+    app.post(&path, &json!({})).await;
+    let stopped = app.wait_terminal(&id).await;
     assert_eq!(stopped["status"], "stopped", "{stopped:#}");
     let stopped_at = loss_step(&stopped);
-    let listed = get(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/checkpoints"),
-    )
-    .await;
+    let listed = app.get(&format!("/api/v1/runs/{id}/checkpoints")).await;
     let latest = listed["checkpoints"]
         .as_array()
         .and_then(|c| c.last())
         .and_then(|c| c["step"].as_i64())
         .expect("stop leaves a checkpoint");
     // A step it does not have is refused, naming the steps it has.
-    let (status, reply) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/resume"),
-        &json!({"from": 999_999}),
-    )
-    .await;
+    let (status, reply) = app
+        .post(
+            &format!("/api/v1/runs/{id}/resume"),
+            &json!({"from": 999_999}),
+        )
+        .await;
     assert_eq!(status, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
     assert_eq!(reply["error"]["field"], "from");
     assert!(reply["error"]["message"]
         .as_str()
         .unwrap()
         .contains(&latest.to_string()));
-    let (status, reply) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/resume"),
-        &json!({"from": "latest"}),
-    )
-    .await;
+    let (status, reply) = app
+        .post(
+            &format!("/api/v1/runs/{id}/resume"),
+            &json!({"from": "latest"}),
+        )
+        .await;
     assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{reply}");
     assert_eq!(reply["id"], id.as_str(), "the same run goes on");
-    let run = wait_terminal(&app.client, &app.address, &id).await;
+    let run = app.wait_terminal(&id).await;
     assert_eq!(run["status"], "finished", "{run:#}");
     assert_eq!(run["tags"]["trainyard.attempts"], "2");
     assert!(loss_step(&run) > stopped_at);
     // One series from the first step to the last, without a gap at the resume.
-    assert_continuous(&app.client, &app.address, &id, 1000).await;
+    assert_continuous(app, &id, 1000).await;
     // Any listed checkpoint samples text, saying which one it used.
     let name = format!("step-{latest:06}");
-    let (status, sample) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/checkpoints/{name}/sample"),
-        &json!({"prompt": "The", "max_new_tokens": 8, "temperature": 0}),
-    )
-    .await;
+    let (status, sample) = app
+        .post(
+            &format!("/api/v1/runs/{id}/checkpoints/{name}/sample"),
+            &json!({"prompt": "The", "max_new_tokens": 8, "temperature": 0}),
+        )
+        .await;
     assert_eq!(status, reqwest::StatusCode::OK, "{sample}");
     assert_eq!(sample["checkpoint"], name.as_str());
     assert_eq!(sample["step"], latest);
     assert!(!sample["text"].as_str().unwrap_or_default().is_empty());
-    let (status, refused) = post(
-        &app.client,
-        &app.address,
-        &format!("/api/v1/runs/{id}/checkpoints/{name}/sample"),
-        &json!({"max_new_tokens": 100000}),
-    )
-    .await;
+    let (status, refused) = app
+        .post(
+            &format!("/api/v1/runs/{id}/checkpoints/{name}/sample"),
+            &json!({"max_new_tokens": 100000}),
+        )
+        .await;
     assert_eq!(
         status,
         reqwest::StatusCode::UNPROCESSABLE_ENTITY,

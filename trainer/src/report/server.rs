@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::ServerTarget;
 use crate::config::Config;
+use crate::wire::ErrorReply;
 
 /// What `train --server` without `--run-id` asks the server to create.
 #[derive(Debug, Clone, Copy)]
@@ -51,16 +52,14 @@ pub fn create_run(server: &str, token: Option<&str>, new: &NewRun<'_>) -> Result
         .send()
         .with_context(|| format!("--server: cannot reach {base} to create the run"))?;
     let status = resp.status();
-    let reply: Value = resp.json().unwrap_or(Value::Null);
+    let text = resp.text().unwrap_or_default();
     if !status.is_success() {
-        let err = &reply["error"];
-        let field = err["field"]
-            .as_str()
-            .map(|f| format!("{f}: "))
-            .unwrap_or_default();
-        let message = err["message"].as_str().unwrap_or("no reason given");
-        bail!("--server: {base} refused to create the run (HTTP {status}): {field}{message}");
+        let why = serde_json::from_str::<ErrorReply>(&text)
+            .map(|reply| reply.error.to_string())
+            .unwrap_or_else(|_| "no reason given".to_string());
+        bail!("--server: {base} refused to create the run (HTTP {status}): {why}");
     }
+    let reply: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     match reply["id"].as_str() {
         Some(id) if !id.is_empty() => Ok(id.to_string()),
         _ => bail!("--server: {base} created a run but its reply has no run id"),
