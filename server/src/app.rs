@@ -71,6 +71,9 @@ pub struct Settings {
     pub max_connections: usize,
     /// Connections one client address may hold at once; more are answered 429 and closed.
     pub max_connections_per_address: usize,
+    /// Event streams one principal and one client address may hold open at once; more are
+    /// answered 429 (`live::StreamSlots`).
+    pub streams: crate::live::StreamLimits,
     /// Whether launch requests may run an arbitrary `command` (off by default: whoever can call
     /// the API could otherwise run anything as the server's user).
     pub allow_command_launch: bool,
@@ -112,6 +115,7 @@ impl std::fmt::Debug for Settings {
                 "max_connections_per_address",
                 &self.max_connections_per_address,
             )
+            .field("streams", &self.streams)
             .field("allow_command_launch", &self.allow_command_launch)
             .field("lost_after", &self.lost_after)
             .field("auth", &self.auth)
@@ -139,6 +143,7 @@ impl Settings {
             body_deadline: DEFAULT_BODY_DEADLINE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            streams: crate::live::StreamLimits::default(),
             allow_command_launch: false,
             lost_after: DEFAULT_LOST_AFTER,
             auth: false,

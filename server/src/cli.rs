@@ -128,6 +128,18 @@ pub struct ServeArgs {
     #[arg(long, env = "TRAINYARD_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections_per_address: u64,
+    /// Event streams (all runs' events, a run's events, a sweep's events, a followed log) one
+    /// user, the admin token or one run's token may hold open at once; more are answered 429.
+    #[arg(long, env = "TRAINYARD_MAX_STREAMS_PER_PRINCIPAL",
+          default_value_t = crate::live::DEFAULT_STREAMS_PER_PRINCIPAL as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_streams_per_principal: u64,
+    /// Event streams one client address may hold open at once; more are answered 429. Behind
+    /// a reverse proxy every client has the proxy's address: raise it there.
+    #[arg(long, env = "TRAINYARD_MAX_STREAMS_PER_ADDRESS",
+          default_value_t = crate::live::DEFAULT_STREAMS_PER_ADDRESS as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_streams_per_address: u64,
     /// Let launch requests run an arbitrary `command` as this server's user (off by default).
     #[arg(long, env = "TRAINYARD_ALLOW_COMMAND_LAUNCH")]
     pub allow_command_launch: bool,
@@ -299,6 +311,11 @@ impl ServeArgs {
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             max_connections_per_address: usize::try_from(self.max_connections_per_address)
                 .unwrap_or(usize::MAX),
+            streams: crate::live::StreamLimits {
+                per_principal: usize::try_from(self.max_streams_per_principal)
+                    .unwrap_or(usize::MAX),
+                per_address: usize::try_from(self.max_streams_per_address).unwrap_or(usize::MAX),
+            },
             allow_command_launch: self.allow_command_launch,
             lost_after: Duration::from_secs(self.lost_after_secs),
             auth: self.auth,
@@ -433,6 +450,37 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(err.contains(flag), "{flag} {value}: {err}");
+        }
+    }
+
+    #[test]
+    fn stream_caps_are_parsed_into_the_settings_and_zero_is_refused() {
+        let cli = Cli::try_parse_from([
+            "trainyard",
+            "serve",
+            "--max-streams-per-principal",
+            "3",
+            "--max-streams-per-address",
+            "4",
+        ]);
+        let Ok(Cli {
+            command: Command::Serve(args),
+        }) = cli
+        else {
+            panic!("serve should parse: {cli:?}");
+        };
+        let settings = args.into_settings().map_err(|e| e.to_string());
+        let Ok(settings) = settings else {
+            panic!("settings: {settings:?}");
+        };
+        assert_eq!(settings.streams.per_principal, 3);
+        assert_eq!(settings.streams.per_address, 4);
+        for flag in ["--max-streams-per-principal", "--max-streams-per-address"] {
+            let err = Cli::try_parse_from(["trainyard", "serve", flag, "0"])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(flag), "{flag}: {err}");
         }
     }
 

@@ -4,9 +4,14 @@
 //! when the last one leaves, plus one global channel carrying the status events of every run.
 //! The hub only carries what the store already holds, so a subscriber that falls behind (a
 //! lagged receiver) loses nothing: it re-reads the gap from the store.
+//!
+//! The hub also counts the event streams each caller holds open ([`StreamSlots`]): one
+//! principal (a user, the admin token, a run's token) and one client address hold at most
+//! their share ([`StreamLimits`]), so one reader cannot take every connection the server has.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{broadcast, watch};
 
@@ -34,6 +39,8 @@ pub struct LiveHub {
     /// Flips to `true` when the server shuts down, so endless SSE streams end and let it finish.
     closing: watch::Sender<bool>,
     write_order: Vec<tokio::sync::Mutex<()>>,
+    /// Event streams open per principal and per client address.
+    streams: Arc<StreamSlots>,
 }
 
 impl Default for LiveHub {
@@ -52,7 +59,29 @@ impl LiveHub {
             write_order: (0..WRITE_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            streams: Arc::default(),
         }
+    }
+
+    /// A slot for one more event stream of `principal` (`None`: not counted per principal)
+    /// from `address` (`None`: unknown), or why not. The slot is given back when dropped.
+    pub fn open_stream(
+        &self,
+        principal: Option<&str>,
+        address: Option<IpAddr>,
+        limits: StreamLimits,
+    ) -> Result<StreamSlot, StreamRefusal> {
+        self.streams.take(principal, address, limits)
+    }
+
+    /// Event streams `principal` holds open now (for tests and diagnostics).
+    pub fn open_streams_of(&self, principal: &str) -> usize {
+        self.streams
+            .count()
+            .principals
+            .get(principal)
+            .copied()
+            .unwrap_or(0)
     }
 
     fn channels(&self) -> MutexGuard<'_, HashMap<String, broadcast::Sender<RunMessage>>> {
@@ -165,6 +194,123 @@ impl Drop for RunSubscription {
     }
 }
 
+/// Event streams one principal may hold open at once by default: far more than the browser
+/// tabs (two streams each at most) and `--follow` commands of one person, and a sixteenth of
+/// the default connection cap.
+pub const DEFAULT_STREAMS_PER_PRINCIPAL: usize = 32;
+/// Event streams one client address may hold open at once by default: three quarters of its
+/// default share of connections, so an address at its stream cap can still make requests.
+pub const DEFAULT_STREAMS_PER_ADDRESS: usize = 48;
+
+/// How many event streams one caller may hold open at once (`--max-streams-per-principal`,
+/// `--max-streams-per-address`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    pub per_principal: usize,
+    pub per_address: usize,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        StreamLimits {
+            per_principal: DEFAULT_STREAMS_PER_PRINCIPAL,
+            per_address: DEFAULT_STREAMS_PER_ADDRESS,
+        }
+    }
+}
+
+/// Why a stream was refused: whose share is used up, and how large it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamRefusal {
+    Principal { cap: usize },
+    Address { cap: usize },
+}
+
+/// The event streams open per principal and per client address.
+#[derive(Debug, Default)]
+pub struct StreamSlots {
+    open: Mutex<SlotCounts>,
+}
+
+#[derive(Debug, Default)]
+struct SlotCounts {
+    principals: HashMap<String, usize>,
+    addresses: HashMap<IpAddr, usize>,
+}
+
+impl StreamSlots {
+    fn count(&self) -> MutexGuard<'_, SlotCounts> {
+        // Every operation is one check and one update: consistent even after a panic.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes a slot when neither share is used up (a cap of 0 counts as 1). IPv4-mapped IPv6
+    /// addresses count as their IPv4 one.
+    pub fn take(
+        self: &Arc<Self>,
+        principal: Option<&str>,
+        address: Option<IpAddr>,
+        limits: StreamLimits,
+    ) -> Result<StreamSlot, StreamRefusal> {
+        let address = address.map(|a| a.to_canonical());
+        let mut open = self.count();
+        if let Some(p) = principal {
+            let cap = limits.per_principal.max(1);
+            if open.principals.get(p).copied().unwrap_or(0) >= cap {
+                return Err(StreamRefusal::Principal { cap });
+            }
+        }
+        if let Some(a) = address {
+            let cap = limits.per_address.max(1);
+            if open.addresses.get(&a).copied().unwrap_or(0) >= cap {
+                return Err(StreamRefusal::Address { cap });
+            }
+        }
+        if let Some(p) = principal {
+            *open.principals.entry(p.to_owned()).or_insert(0) += 1;
+        }
+        if let Some(a) = address {
+            *open.addresses.entry(a).or_insert(0) += 1;
+        }
+        Ok(StreamSlot {
+            slots: Arc::clone(self),
+            principal: principal.map(str::to_owned),
+            address,
+        })
+    }
+}
+
+/// One open stream's place in its principal's and its address's count; given back on drop,
+/// when the stream ends (the client went away, the server ended it, or it was never served).
+#[derive(Debug)]
+pub struct StreamSlot {
+    slots: Arc<StreamSlots>,
+    principal: Option<String>,
+    address: Option<IpAddr>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.slots.count();
+        if let Some(p) = self.principal.take() {
+            if let Some(n) = open.principals.get_mut(&p) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    open.principals.remove(&p);
+                }
+            }
+        }
+        if let Some(a) = self.address.take() {
+            if let Some(n) = open.addresses.get_mut(&a) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    open.addresses.remove(&a);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,5 +364,54 @@ mod tests {
         });
         assert!(matches!(run_sub.recv().await, Ok(RunMessage::Status(e)) if e.seq == 7));
         assert_eq!(all.recv().await.map(|e| e.seq).ok(), Some(7));
+    }
+
+    fn limits(per_principal: usize, per_address: usize) -> StreamLimits {
+        StreamLimits {
+            per_principal,
+            per_address,
+        }
+    }
+
+    #[test]
+    fn a_principal_over_its_share_of_streams_is_refused_while_another_is_not() {
+        let hub = LiveHub::new();
+        let here: IpAddr = [127, 0, 0, 1].into();
+        let caps = limits(2, 100);
+        let held: Vec<StreamSlot> = (0..2)
+            .map(|_| {
+                hub.open_stream(Some("user:a"), Some(here), caps)
+                    .expect("slot")
+            })
+            .collect();
+        assert_eq!(
+            hub.open_stream(Some("user:a"), Some(here), caps).err(),
+            Some(StreamRefusal::Principal { cap: 2 })
+        );
+        assert!(hub.open_stream(Some("user:b"), Some(here), caps).is_ok());
+        assert_eq!(hub.open_streams_of("user:a"), 2);
+        drop(held);
+        assert_eq!(hub.open_streams_of("user:a"), 0);
+        assert!(hub.open_stream(Some("user:a"), Some(here), caps).is_ok());
+    }
+
+    #[test]
+    fn an_address_over_its_share_is_refused_and_a_refusal_takes_nothing() {
+        let hub = LiveHub::new();
+        let one: IpAddr = [127, 0, 0, 1].into();
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("address");
+        let caps = limits(100, 1);
+        let _held = hub.open_stream(None, Some(one), caps).expect("slot");
+        assert_eq!(
+            hub.open_stream(Some("user:a"), Some(mapped), caps).err(),
+            Some(StreamRefusal::Address { cap: 1 })
+        );
+        // The refused stream did not count against its principal.
+        assert_eq!(hub.open_streams_of("user:a"), 0);
+        assert!(hub
+            .open_stream(Some("user:a"), Some([127, 0, 0, 2].into()), caps)
+            .is_ok());
+        // Neither principal nor address known: nothing to count against.
+        assert!(hub.open_stream(None, None, caps).is_ok());
     }
 }

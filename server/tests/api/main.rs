@@ -30,4 +30,5 @@ mod openapi;
 mod reported_exit;
 mod runs;
 mod search_keys;
+mod stream_caps;
 mod sweeps;

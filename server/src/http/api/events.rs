@@ -10,11 +10,17 @@
 //! Each stream holds a [`StreamAccess`]: when a token is revoked, a user disabled or a grant
 //! removed while it is open, a run stream ends and the all-runs stream leaves out the runs the
 //! caller may no longer read (`access::revocation`).
+//!
+//! Each stream (these two, a sweep's and a followed log alike) also holds a [`StreamSlot`]: one
+//! principal and one client address hold at most their share of open streams
+//! (`--max-streams-per-principal`, `--max-streams-per-address`); one more is answered 429 with
+//! `Retry-After`, and a slot is given back when its stream ends.
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
@@ -30,12 +36,86 @@ use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
-use crate::live::{RunMessage, RunSubscription};
+use crate::live::{RunMessage, RunSubscription, StreamRefusal, StreamSlot};
 use crate::store::{RunEvent, StoreError, StoredPoint};
 
 /// Points per SSE `points` event (and per store read during catch-up).
 const CHUNK: usize = 1000;
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Seconds a client refused a stream is asked to wait: a slot frees when one of its streams
+/// ends, which only the client can make happen.
+pub const STREAM_RETRY_AFTER_S: u64 = 10;
+
+/// The client's address as the accept loop saw it; `None` for a request that did not come
+/// through it (tests that call the router directly). Behind a reverse proxy, the proxy's.
+pub struct PeerAddr(pub Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PeerAddr {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(PeerAddr(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip()),
+        ))
+    }
+}
+
+/// Whose share of streams a principal's stream counts against: a user (whichever token or
+/// session it came through), the admin token, a run's token. The local user of a server
+/// without accounts and anonymous callers are only counted by their address: they are not
+/// one person.
+fn principal_key(principal: &Principal) -> Option<String> {
+    match principal {
+        Principal::User { user, .. } => Some(format!("user:{}", user.id)),
+        Principal::AdminToken => Some("admin-token".into()),
+        Principal::Run { run_id } => Some(format!("run:{run_id}")),
+        Principal::Local | Principal::Anonymous => None,
+    }
+}
+
+/// A slot for one more event stream of `principal` from `peer`, or a 429 saying whose share
+/// is used up.
+pub fn stream_slot(
+    state: &AppState,
+    principal: &Principal,
+    peer: &PeerAddr,
+) -> Result<StreamSlot, ApiError> {
+    let key = principal_key(principal);
+    let refusal = match state
+        .live
+        .open_stream(key.as_deref(), peer.0, state.settings.streams)
+    {
+        Ok(slot) => return Ok(slot),
+        Err(refusal) => refusal,
+    };
+    let message = match refusal {
+        StreamRefusal::Principal { cap } => format!(
+            "this caller already holds {cap} open event streams, the most one may; close one \
+             (a browser tab, a --follow) and retry"
+        ),
+        StreamRefusal::Address { cap } => format!(
+            "this client address already holds {cap} open event streams, the most one may; \
+             close one and retry"
+        ),
+    };
+    tracing::info!(
+        actor = principal.actor().as_deref().unwrap_or("anonymous"),
+        peer = ?peer.0,
+        ?refusal,
+        "refused an event stream: its share of streams is used up"
+    );
+    Err(ApiError::TooManyRequests {
+        message,
+        retry_after: STREAM_RETRY_AFTER_S,
+    })
+}
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -111,11 +191,13 @@ impl StreamPosition {
         (status = 200, description = "text/event-stream of `points` and `status` events, and `stream_error` before the server ends a stream on its own failure", content_type = "text/event-stream", body = String),
         (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody),
+        (status = 429, description = "The caller or its address holds its share of open streams; `Retry-After` says when to try again", body = ErrorBody),
     ))]
-#[instrument(skip(state, headers, principal))]
+#[instrument(skip(state, headers, principal, peer))]
 pub async fn run_events(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    peer: PeerAddr,
     Path(id): Path<String>,
     headers: HeaderMap,
     ApiQuery(params): ApiQuery<EventParams>,
@@ -139,11 +221,14 @@ pub async fn run_events(
         })?),
     };
     state.store.get_run(&id).await?;
+    let slot = stream_slot(&state, &principal, &peer)?;
     // Subscribe before reading the store, so nothing stored in between is missed.
     let subscription = state.live.subscribe_run(&id);
     let mut access = StreamAccess::new(&state, principal, Scope::Run(id.clone()));
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
+        // Held for as long as the stream runs.
+        let _slot = slot;
         let run_id = id.clone();
         let end = stream_run(
             &state,
@@ -320,16 +405,23 @@ async fn send<T: Serialize>(
 /// Status changes of every run the caller may read (`event: status`), for the runs table. A
 /// client that fell too far behind gets `event: lagged` and should reload the table.
 #[utoipa::path(get, path = "/api/v1/events", tag = "events",
-    responses((status = 200, description = "text/event-stream of `status` events, and `lagged` when the client fell behind", content_type = "text/event-stream", body = String)))]
-#[instrument(skip(state, principal))]
+    responses(
+        (status = 200, description = "text/event-stream of `status` events, and `lagged` when the client fell behind", content_type = "text/event-stream", body = String),
+        (status = 429, description = "The caller or its address holds its share of open streams; `Retry-After` says when to try again", body = ErrorBody),
+    ))]
+#[instrument(skip(state, principal, peer))]
 pub async fn all_events(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    peer: PeerAddr,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let slot = stream_slot(&state, &principal, &peer)?;
     let mut receiver = state.live.subscribe_all();
     let mut access = StreamAccess::new(&state, principal, Scope::AllRuns);
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
+        // Held for as long as the stream runs.
+        let _slot = slot;
         loop {
             let received = tokio::select! {
                 _ = state.live.closed() => return,
@@ -364,7 +456,7 @@ pub async fn all_events(
             }
         }
     });
-    Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+    Ok(Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! `format=json`), or followed live (`follow=true`) as server-sent events: the existing content
 //! first, then new output as it is written, then an `end` event with the final status. A
 //! followed log ends early, without `end`, once the caller may no longer read the run (a revoked
-//! token, a disabled user, a removed grant: `access::revocation`).
+//! token, a disabled user, a removed grant: `access::revocation`). A followed log counts
+//! against its caller's share of open event streams (`events::stream_slot`).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -21,9 +22,11 @@ use tracing::instrument;
 use crate::access::revocation::{Scope, StreamAccess};
 use crate::access::Principal;
 use crate::app::AppState;
+use crate::http::api::events::{stream_slot, PeerAddr};
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
 use crate::launcher::logs::{read_from, read_tail, LogEvent, LogFollower, LogSlice};
+use crate::live::StreamSlot;
 
 /// How often a follower re-checks whether the run has ended (covers runs stopped while queued).
 const STATUS_POLL: Duration = Duration::from_secs(1);
@@ -79,11 +82,13 @@ fn parse_bool(field: &str, text: Option<&str>) -> Result<bool, ApiError> {
             )),
         (status = 400, body = ErrorBody),
         (status = 404, description = "No run with that id", body = ErrorBody),
+        (status = 429, description = "follow=true while the caller or its address holds its share of open streams; `Retry-After` says when to try again", body = ErrorBody),
     ))]
-#[instrument(skip(state, principal))]
+#[instrument(skip(state, principal, peer))]
 pub async fn get_logs(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    peer: PeerAddr,
     Path(id): Path<String>,
     ApiQuery(params): ApiQuery<LogParams>,
 ) -> Result<Response, ApiError> {
@@ -109,6 +114,9 @@ pub async fn get_logs(
     // The run must exist before anything is kept for it: a follower of an unknown id would
     // otherwise hold a channel open for a run that never comes.
     state.store.get_run(&id).await?;
+    let slot = follow
+        .then(|| stream_slot(&state, &principal, &peer))
+        .transpose()?;
     // Subscribe before reading so no line falls between the read and the live stream.
     let rx = follow.then(|| state.launcher.logs().subscribe(&id));
     let path = state.launcher.log_path(&id);
@@ -119,9 +127,9 @@ pub async fn get_logs(
     .await
     .map_err(|e| ApiError::Internal(e.into()))?
     .map_err(|e| ApiError::Internal(e.into()))?;
-    if let Some(rx) = rx {
+    if let (Some(rx), Some(slot)) = (rx, slot) {
         let access = StreamAccess::new(&state, principal, Scope::Run(id.clone()));
-        return Ok(follow_stream(state, id, slice, rx, access).into_response());
+        return Ok(follow_stream(state, id, slice, rx, access, slot).into_response());
     }
     if json {
         return Ok(Json(slice).into_response());
@@ -156,6 +164,8 @@ struct Follow {
     first: Option<LogSlice>,
     done: bool,
     access: StreamAccess,
+    /// The stream's place in its caller's share, given back when the stream is dropped.
+    _slot: StreamSlot,
 }
 
 impl Follow {
@@ -269,6 +279,7 @@ fn follow_stream(
     first: LogSlice,
     rx: LogFollower,
     access: StreamAccess,
+    slot: StreamSlot,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let follow = Follow {
         state,
@@ -278,6 +289,7 @@ fn follow_stream(
         first: Some(first),
         done: false,
         access,
+        _slot: slot,
     };
     let stream = futures::stream::unfold(follow, |mut f| async move {
         let ev = f.next().await?;

@@ -22,6 +22,7 @@ use crate::access::audit::Actor;
 use crate::access::revocation::{Scope, StreamAccess};
 use crate::access::Principal;
 use crate::app::AppState;
+use crate::http::api::events::{stream_slot, PeerAddr};
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiJson;
 use crate::store::DEFAULT_EXPERIMENT;
@@ -242,25 +243,32 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The sweep as it changes: `event: sweep` with the whole view (as `GET /api/v1/sweeps/{id}`)
 /// at once and after every change (a trial launched, a metric value, a prune, an end, a
 /// change of the spec); the stream ends after the sweep ended, or once the caller may no longer
-/// read it (a revoked token, a disabled user, a removed grant).
+/// read it (a revoked token, a disabled user, a removed grant). It counts against its caller's
+/// share of open event streams (`events::stream_slot`).
 #[utoipa::path(get, path = "/api/v1/sweeps/{id}/events", tag = "events",
     params(("id" = String, Path, description = "Sweep id")),
     responses(
         (status = 200, description = "text/event-stream of `sweep` events", content_type = "text/event-stream", body = String),
         (status = 404, body = ErrorBody),
+        (status = 429, description = "The caller or its address holds its share of open streams; `Retry-After` says when to try again", body = ErrorBody),
     ))]
-#[instrument(skip(state, principal))]
+#[instrument(skip(state, principal, peer))]
 pub async fn sweep_events(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    peer: PeerAddr,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    state.store.get_sweep(&id).await?;
+    let slot = stream_slot(&state, &principal, &peer)?;
     // Subscribed before the first read, so no change falls between the two.
     let mut changes = state.sweeps.subscribe(&id);
     let mut access = StreamAccess::new(&state, principal, Scope::Sweep(id.clone()));
     let first = view::detail(&state, &id).await?;
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
+        // Held for as long as the stream runs.
+        let _slot = slot;
         let mut detail = first;
         loop {
             if !access.allowed().await {
