@@ -23,7 +23,7 @@ reg.sweep = hook;
 
 /** The sweep as last received. */
 let current = null;
-const OVER = new Set(["finished", "stopped"]);
+const OVER = new Set(["finished", "stopped", "failed"]);
 
 function setText(id, text) {
   const e = $(id);

@@ -74,6 +74,8 @@ pub struct Settings {
     /// Event streams one principal and one client address may hold open at once; more are
     /// answered 429 (`live::StreamSlots`).
     pub streams: crate::live::StreamLimits,
+    /// How a sweep controller whose step fails tries again, and when it gives up.
+    pub sweep_retry: crate::sweeps::Retry,
     /// Whether launch requests may run an arbitrary `command` (off by default: whoever can call
     /// the API could otherwise run anything as the server's user).
     pub allow_command_launch: bool,
@@ -116,6 +118,7 @@ impl std::fmt::Debug for Settings {
                 &self.max_connections_per_address,
             )
             .field("streams", &self.streams)
+            .field("sweep_retry", &self.sweep_retry)
             .field("allow_command_launch", &self.allow_command_launch)
             .field("lost_after", &self.lost_after)
             .field("auth", &self.auth)
@@ -144,6 +147,7 @@ impl Settings {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             streams: crate::live::StreamLimits::default(),
+            sweep_retry: crate::sweeps::Retry::default(),
             allow_command_launch: false,
             lost_after: DEFAULT_LOST_AFTER,
             auth: false,
@@ -223,7 +227,9 @@ impl AppState {
             live,
             liveness: Arc::new(crate::liveness::Liveness::new(settings.lost_after)),
             throttle: Arc::default(),
-            sweeps: Arc::new(crate::sweeps::SweepHub::new(crate::sweeps::POLL)),
+            sweeps: Arc::new(
+                crate::sweeps::SweepHub::new(crate::sweeps::POLL).with_retry(settings.sweep_retry),
+            ),
             access_epoch: Arc::default(),
             exports: Arc::default(),
             chart_pool: Arc::default(),

@@ -316,6 +316,7 @@ impl ServeArgs {
                     .unwrap_or(usize::MAX),
                 per_address: usize::try_from(self.max_streams_per_address).unwrap_or(usize::MAX),
             },
+            sweep_retry: crate::sweeps::Retry::default(),
             allow_command_launch: self.allow_command_launch,
             lost_after: Duration::from_secs(self.lost_after_secs),
             auth: self.auth,

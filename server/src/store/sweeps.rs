@@ -19,6 +19,9 @@ pub enum SweepState {
     Finished,
     /// Stopped by a user: its running trials were stopped.
     Stopped,
+    /// Its controller failed step after step and gave up (its message says why); it
+    /// launches nothing more.
+    Failed,
 }
 
 impl SweepState {
@@ -28,6 +31,7 @@ impl SweepState {
             SweepState::Paused => "paused",
             SweepState::Finished => "finished",
             SweepState::Stopped => "stopped",
+            SweepState::Failed => "failed",
         }
     }
 
@@ -37,13 +41,17 @@ impl SweepState {
             "paused" => SweepState::Paused,
             "finished" => SweepState::Finished,
             "stopped" => SweepState::Stopped,
+            "failed" => SweepState::Failed,
             _ => return None,
         })
     }
 
-    /// Finished and stopped sweeps do nothing more.
+    /// Finished, stopped and failed sweeps do nothing more.
     pub fn is_over(self) -> bool {
-        matches!(self, SweepState::Finished | SweepState::Stopped)
+        matches!(
+            self,
+            SweepState::Finished | SweepState::Stopped | SweepState::Failed
+        )
     }
 }
 

@@ -1,8 +1,9 @@
 //! Admission of a sweep: the spec is parsed (`sweep::SweepSpec`, every mistake naming its key
 //! path), then checked as a whole against what running it will need, before anything runs:
 //! every value the space can produce must pass the trainer's config validation on top of the
-//! base (a 400 naming the parameter), a command sweep needs the operator's consent, and the
-//! GPUs it asks for must exist. A trial's launch request is built here too, so admission and
+//! base (a 400 naming the parameter), every string the controller will use must be one it can
+//! use (`fields`, a 422 naming it), a command sweep needs the operator's consent, and the GPUs
+//! it asks for must exist. A trial's launch request is built here too, so admission and
 //! the controller agree on what a trial runs.
 
 use std::collections::BTreeMap;
@@ -51,8 +52,11 @@ pub fn parse(body: &serde_json::Value) -> Result<(serde_json::Value, SweepSpec),
 }
 
 /// Checks that every trial of `spec` can run here; the error names the parameter (or the base
-/// key) at fault.
+/// key) at fault. A string the controller would use and something downstream would refuse (a
+/// name too long for its trials' run names, a control character, a NUL from YAML text, a metric
+/// key no run can report) is a 422 (`fields`).
 pub async fn check(state: &AppState, spec: &SweepSpec) -> Result<(), ApiError> {
+    super::fields::check(spec)?;
     if spec.base.command.is_some() && !state.settings.allow_command_launch {
         return Err(ApiError::Forbidden {
             field: Some("base.command".into()),
@@ -129,7 +133,7 @@ fn base_request(spec: &SweepSpec) -> LaunchRequest {
 
 /// How a parameter's value is written on a command line: strings as they are, everything else
 /// as JSON (numbers, booleans).
-fn arg_value(value: &serde_json::Value) -> String {
+pub(super) fn arg_value(value: &serde_json::Value) -> String {
     match value {
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -137,7 +141,7 @@ fn arg_value(value: &serde_json::Value) -> String {
 }
 
 /// `text` quoted for `sh`.
-fn shell_quote(text: &str) -> String {
+pub(super) fn shell_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
 }
 

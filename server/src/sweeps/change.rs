@@ -136,6 +136,14 @@ pub async fn change(
             });
         }
     }
+    if super::view::spec_of(&row).is_err() {
+        return Err(ApiError::Conflict {
+            field: Some("spec".into()),
+            message: "this server cannot read the sweep's spec, so it cannot change it; stop \
+                      the sweep and submit it again"
+                .into(),
+        });
+    }
     let trials = state.store.trials(id).await?;
     let (document, changes) = edit(&row.spec, &change, trials.len())?;
     let (document, spec) = admit::parse(&document).map_err(admit::bad)?;

@@ -11,6 +11,8 @@
 pub mod admit;
 pub mod change;
 mod controller;
+pub mod fields;
+mod retry;
 pub mod view;
 
 use std::collections::HashMap;
@@ -20,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use crate::app::AppState;
+pub use retry::Retry;
 
 /// Tag on every trial run: the sweep's id.
 pub const SWEEP_TAG: &str = "trainyard.sweep";
@@ -48,6 +51,8 @@ pub struct SweepHub {
     importance: Mutex<HashMap<String, Importance>>,
     /// How often a controller looks at its trials when nothing wakes it.
     pub poll: Duration,
+    /// How a controller whose step failed tries again.
+    pub retry: Retry,
 }
 
 impl SweepHub {
@@ -57,7 +62,14 @@ impl SweepHub {
             revisions: Mutex::new(HashMap::new()),
             importance: Mutex::new(HashMap::new()),
             poll,
+            retry: Retry::default(),
         }
+    }
+
+    /// The same hub with another retry policy.
+    pub fn with_retry(mut self, retry: Retry) -> SweepHub {
+        self.retry = retry;
+        self
     }
 
     fn controllers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {

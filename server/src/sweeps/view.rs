@@ -2,6 +2,11 @@
 //! trial, every trial with its parameters, objective, step, next rung and metric curve, the
 //! parameter importance and the versions of the spec. Built from the store alone, so every
 //! reader sees the same thing whether or not a controller runs.
+//!
+//! A broken sweep is shown too, never a 500: one whose stored spec this server cannot read is
+//! shown from its row and trials alone (method `unknown`, no curves), and one whose metric is no
+//! key a run can report (a NUL in it, admitted before that was checked) without curves, since
+//! no run can have reported it.
 
 use std::collections::BTreeMap;
 
@@ -174,6 +179,41 @@ fn counts(trials: &[TrialRow]) -> TrialCounts {
     }
 }
 
+/// The summary of a sweep whose stored spec this server cannot read (its row and trials).
+fn unreadable_summary(row: &SweepRow, trials: &[TrialRow]) -> SweepSummary {
+    SweepSummary {
+        id: row.id.clone(),
+        name: row.name.clone(),
+        experiment_id: row.experiment_id.clone(),
+        state: row.state,
+        message: row.message.clone(),
+        version: row.version,
+        method: "unknown".into(),
+        metric: String::new(),
+        goal: String::new(),
+        early_terminate: "none".into(),
+        max_trials: 0,
+        parallel: 0,
+        trials: counts(trials),
+        best: None,
+        created_by: row.created_by.clone(),
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        ended_at: row.ended_at,
+    }
+}
+
+/// The spec of `row`, or `None` (logged) when this server cannot read it.
+fn readable_spec(row: &SweepRow) -> Option<SweepSpec> {
+    match spec_of(row) {
+        Ok(spec) => Some(spec),
+        Err(e) => {
+            tracing::warn!(sweep = %row.id, error = %e, "showing a sweep whose spec cannot be read");
+            None
+        }
+    }
+}
+
 fn summary_of(row: &SweepRow, spec: &SweepSpec, trials: &[TrialRow]) -> SweepSummary {
     SweepSummary {
         id: row.id.clone(),
@@ -227,40 +267,46 @@ async fn importance(
 }
 
 pub async fn summary(state: &AppState, row: &SweepRow) -> StoreResult<SweepSummary> {
-    let spec = spec_of(row)?;
     let trials = state.store.trials(&row.id).await?;
-    Ok(summary_of(row, &spec, &trials))
+    Ok(match readable_spec(row) {
+        Some(spec) => summary_of(row, &spec, &trials),
+        None => unreadable_summary(row, &trials),
+    })
 }
 
 pub async fn detail(state: &AppState, id: &str) -> StoreResult<SweepDetail> {
     let row = state.store.get_sweep(id).await?;
-    let spec = spec_of(&row)?;
+    let spec = readable_spec(&row);
+    // The metric is read by its key; one no run can report is not read at all.
+    let metric = spec
+        .as_ref()
+        .map(|s| s.metric.name.as_str())
+        .filter(|name| crate::validate::points::check_key(name).is_ok());
     let rows = state.store.trials(id).await?;
     let mut trials = Vec::with_capacity(rows.len());
     let mut search = Vec::with_capacity(rows.len());
     for t in &rows {
-        let curve = match &t.run_id {
-            Some(run_id) => match state
+        let curve = match (&t.run_id, metric) {
+            (Some(run_id), Some(metric)) => match state
                 .store
-                .read_series(run_id, &spec.metric.name, None, None, CURVE_POINTS)
+                .read_series(run_id, metric, None, None, CURVE_POINTS)
                 .await
             {
                 Ok(series) => series.points,
                 Err(crate::store::StoreError::NotFound { .. }) => Vec::new(),
                 Err(e) => return Err(e),
             },
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         let intermediate: BTreeMap<u64, f64> = curve
             .iter()
             .filter_map(|p| u64::try_from(p.step).ok().map(|s| (s, p.value)))
             .collect();
         let for_search = super::controller::search_trial(t, intermediate);
-        let next_rung = t
-            .state
-            .is_active()
-            .then(|| sweep::next_rung(&spec, &for_search))
-            .flatten();
+        let next_rung = match &spec {
+            Some(spec) if t.state.is_active() => sweep::next_rung(spec, &for_search),
+            _ => None,
+        };
         search.push(for_search);
         trials.push(TrialView {
             number: t.number,
@@ -278,9 +324,15 @@ pub async fn detail(state: &AppState, id: &str) -> StoreResult<SweepDetail> {
             curve: curve.iter().map(|p| [p.step as f64, p.value]).collect(),
         });
     }
-    let importance = importance(state, &row, spec.clone(), search).await?;
+    let (importance, summary) = match spec {
+        Some(spec) => (
+            importance(state, &row, spec.clone(), search).await?,
+            summary_of(&row, &spec, &rows),
+        ),
+        None => (BTreeMap::new(), unreadable_summary(&row, &rows)),
+    };
     Ok(SweepDetail {
-        summary: summary_of(&row, &spec, &rows),
+        summary,
         spec: row.spec.clone(),
         trials,
         importance,

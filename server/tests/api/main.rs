@@ -31,4 +31,5 @@ mod reported_exit;
 mod runs;
 mod search_keys;
 mod stream_caps;
+mod sweep_failures;
 mod sweeps;
