@@ -48,13 +48,40 @@ pub fn artifact_root(state: &AppState, run_id: &str) -> PathBuf {
     crate::launcher::run_dir(&state.settings.data_dir, run_id).join("artifacts")
 }
 
-/// A path inside the artifact root: relative, no `..`, `.`, empty or odd components. Anything
-/// else is refused, so a request never reaches outside its run's folder.
+/// Longest name of one file or folder in an artifact path, in bytes (Linux's `NAME_MAX`).
+pub const MAX_ARTIFACT_NAME_BYTES: usize = 255;
+/// Longest artifact path below the run's artifact folder, in bytes (well under `PATH_MAX`,
+/// which also has to hold the data directory and the run's folder).
+pub const MAX_ARTIFACT_PATH_BYTES: usize = 2048;
+
+/// A path inside the artifact root: relative, no `..`, `.`, empty or odd components, no name
+/// longer than the file system takes. Anything else is refused, so a request never reaches
+/// outside its run's folder and never asks the file system for what it cannot do.
 pub fn relative_path(field: &str, raw: &str) -> MlflowResult<PathBuf> {
+    if raw.len() > MAX_ARTIFACT_PATH_BYTES {
+        return Err(MlflowError::invalid(
+            field,
+            format!(
+                "the artifact path is {} bytes long; at most {MAX_ARTIFACT_PATH_BYTES} are allowed",
+                raw.len()
+            ),
+        ));
+    }
     let mut out = PathBuf::new();
     for part in raw.split('/') {
         if part.is_empty() {
             continue;
+        }
+        if part.len() > MAX_ARTIFACT_NAME_BYTES {
+            return Err(MlflowError::invalid(
+                field,
+                format!(
+                    "the artifact name `{}…` is {} bytes long; a file or folder name may have at \
+                     most {MAX_ARTIFACT_NAME_BYTES}",
+                    part.chars().take(32).collect::<String>(),
+                    part.len()
+                ),
+            ));
         }
         let bad = part == "."
             || part == ".."
@@ -441,6 +468,18 @@ async fn remove(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_artifact_name_longer_than_the_file_system_takes_is_refused_naming_the_field() {
+        let long = "n".repeat(MAX_ARTIFACT_NAME_BYTES + 1);
+        let e = relative_path("path", &format!("model/{long}.bin")).unwrap_err();
+        assert!(format!("{e:?}").contains("path"), "{e:?}");
+        assert!(format!("{e:?}").contains("at most 255"), "{e:?}");
+        let fits = "n".repeat(MAX_ARTIFACT_NAME_BYTES);
+        assert!(relative_path("path", &format!("model/{fits}")).is_ok());
+        let deep = "a/".repeat(MAX_ARTIFACT_PATH_BYTES);
+        assert!(relative_path("path", &deep).is_err());
+    }
 
     #[test]
     fn artifact_paths_stay_inside_the_run() {

@@ -266,7 +266,20 @@ fn accounts_with_commands(s: &mut trainyard::app::Settings) {
     s.allow_command_launch = true;
 }
 
+/// A wrong or stale credential is refused where a credential is needed, and ignored where none
+/// is: a monitor with an old token still sees the health, a browser with one can still sign in.
+async fn a_wrong_token_is_ignored_on_public_routes_and_refused_elsewhere(app: &TestApp) {
+    let wrong = Auth::Bearer("ty_not-a-token-of-this-server".into());
+    for path in ["/healthz", "/api/v1/openapi.json", "/sign-in"] {
+        let response = send(app, &wrong, Method::GET, path, None).await;
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+    let response = send(app, &wrong, Method::GET, "/api/v1/runs", None).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
 crate::on_both_backends_with!(accounts;
+    a_wrong_token_is_ignored_on_public_routes_and_refused_elsewhere,
     a_personal_token_is_shown_once_works_by_scope_and_stops_when_revoked,
     an_expired_token_is_refused,
     a_run_token_reports_its_own_run_only_and_ends_with_it,
