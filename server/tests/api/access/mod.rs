@@ -3,6 +3,7 @@
 
 mod cli;
 mod hidden_keys;
+mod launch_roots;
 mod matrix;
 mod names;
 mod revocation;
