@@ -333,7 +333,12 @@ async fn a_disabled_users_sweep_is_paused_with_the_reason_and_launches_no_more_t
         json!({}),
     )
     .await;
-    assert_eq!(resumed["state"], "running");
+    // The resume is accepted; the controller, woken by it, may pause the sweep again before
+    // the handler reads it back. The controller's own audited pause below proves it did.
+    assert!(
+        matches!(resumed["state"].as_str(), Some("running" | "paused")),
+        "{resumed:#}"
+    );
     let paused = sweep_until(app, &id, |s| s["state"] == "paused").await;
     assert_eq!(paused["message"], reason, "{paused:#}");
     assert_eq!(
