@@ -466,7 +466,10 @@ async fn artifacts_are_uploaded_listed_downloaded_and_kept_inside_the_run(app: &
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let error: serde_json::Value = r.json().await.expect("error body");
     let message = error["message"].as_str().unwrap_or_default();
-    assert!(message.starts_with("path:") && message.contains("255"), "{error}");
+    assert!(
+        message.starts_with("path:") && message.contains("255"),
+        "{error}"
+    );
     // Paths never leave the run's folder, and a file of another experiment's path is refused.
     for bad in ["..%2F..%2Ftrainyard.db", "a/..%2F..%2Fx"] {
         let r = app
