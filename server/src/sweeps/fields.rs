@@ -27,7 +27,7 @@ pub const MAX_SWEEP_NAME_LEN: usize = MAX_NAME_LEN - TRIAL_SUFFIX_ROOM;
 /// Bytes a number or boolean takes on a command line at most (an `f64` written out).
 const NUMBER_ARG_LEN: usize = 32;
 /// Characters of a refused value shown in a message.
-const SHOWN: usize = 40;
+pub const SHOWN: usize = 40;
 
 /// `text` as a message may show it: control characters escaped, at most [`SHOWN`] characters.
 pub fn shown(text: &str) -> String {
