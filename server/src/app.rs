@@ -1,7 +1,7 @@
 //! Wiring: settings → store + live hub → router → bound listener.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -159,13 +159,7 @@ impl Settings {
 
     /// The database URL actually used.
     pub fn resolved_database_url(&self) -> String {
-        match &self.database_url {
-            Some(url) => url.clone(),
-            None => format!(
-                "sqlite://{}?mode=rwc",
-                self.data_dir.join("trainyard.db").display()
-            ),
-        }
+        database_url(&self.data_dir, self.database_url.as_deref())
     }
 
     /// Safety by default: a server reachable from other machines must require a token.
@@ -371,15 +365,36 @@ impl Application {
     }
 }
 
+/// The SQLite file a server uses when it is given no database URL.
+pub fn default_database_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("trainyard.db")
+}
+
+/// The database a server with this data directory and `--database-url` opens (`trainyard
+/// user` opens the same one).
+pub fn database_url(data_dir: &Path, database_url: Option<&str>) -> String {
+    match database_url.filter(|u| !u.is_empty()) {
+        Some(url) => url.to_string(),
+        None => format!(
+            "sqlite://{}?mode=rwc",
+            default_database_file(data_dir).display()
+        ),
+    }
+}
+
 /// Checks the data roots, creates the token cache and decides whether runs are confined: a
 /// server with accounts whose kernel has no Landlock refuses to start unless its operator says
 /// runs are not confined (`--unconfined-runs`).
 fn prepare_launches(settings: &mut Settings) -> anyhow::Result<()> {
     use crate::launcher::confine::kernel_abi;
-    let database_file = settings
-        .resolved_database_url()
-        .strip_prefix("sqlite://")
-        .map(|rest| PathBuf::from(rest.split('?').next().unwrap_or(rest)));
+    // A data root must not hold the database: the default file, or an explicit SQLite one.
+    let database_file = match settings.database_url.as_deref() {
+        None => Some(default_database_file(&settings.data_dir)),
+        Some(url) => url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .map(|rest| PathBuf::from(rest.split('?').next().unwrap_or(rest))),
+    };
     std::fs::create_dir_all(&settings.data_dir)
         .with_context(|| format!("creating data directory {}", settings.data_dir.display()))?;
     let launcher = &mut settings.launcher;

@@ -131,14 +131,8 @@ pub async fn run(args: UserArgs) -> anyhow::Result<()> {
 }
 
 async fn open(args: &UserArgs) -> anyhow::Result<DynStore> {
-    let url = match args.database_url.as_deref().filter(|u| !u.is_empty()) {
-        Some(url) => url.to_owned(),
-        // What `serve` opens (`Settings::resolved_database_url`).
-        None => format!(
-            "sqlite://{}?mode=rwc",
-            args.data_dir.join("trainyard.db").display()
-        ),
-    };
+    // What `serve` opens.
+    let url = crate::app::database_url(&args.data_dir, args.database_url.as_deref());
     if args.create_database {
         let store = store::connect(&url)
             .await

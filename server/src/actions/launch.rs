@@ -250,12 +250,13 @@ pub async fn launch_run(
     }
     let server_dir = std::env::current_dir().map_err(|e| ApiError::Internal(e.into()))?;
     let base = paths::Base::of(req.working_dir.as_deref(), &server_dir)?;
-    let data_dir = std::fs::canonicalize(state.launcher.data_dir())
-        .map_err(|e| ApiError::Internal(e.into()))?;
+    let data_dir = state.launcher.data_dir().to_path_buf();
     let roots = state.launcher.roots().clone();
     // Parsing and validating a config is CPU work, and checking its paths file system work:
     // keep both off the async workers, so a slow document delays only its own request.
     let (mut req, config) = tokio::task::spawn_blocking(move || {
+        // Paths are compared resolved; the data directory exists (the server made it).
+        let data_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
         let allowed = paths::Allowed {
             roots: &roots,
             runs_dir: &data_dir.join("runs"),
