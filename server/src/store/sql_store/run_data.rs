@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::SqlStore;
 use crate::store::common;
-use crate::store::sql::{Conn, Sql};
+use crate::store::sql::{Conn, Row, Sql};
 use crate::store::{now_ms, RunInput, StoreError, StoreResult};
 
 /// Rows per multi-row INSERT (4 parameters each, well under either database's limit).
@@ -147,15 +147,7 @@ impl SqlStore {
                 .fetch_all(stored.bind(id))
                 .await?
                 .iter()
-                .map(|r| {
-                    let body: String = r.get(2)?;
-                    Ok(RunInput {
-                        name: r.get(0)?,
-                        digest: r.get(1)?,
-                        body: serde_json::from_str(&body)
-                            .map_err(|e| StoreError::Database(sqlx::Error::Decode(e.into())))?,
-                    })
-                })
+                .map(input_of)
                 .collect::<StoreResult<Vec<RunInput>>>()?;
             crate::validate::inputs::run_inputs_fit(&stored, inputs)
                 .map_err(StoreError::Rejected)?;
@@ -188,16 +180,17 @@ impl SqlStore {
             "SELECT name, digest, body FROM run_inputs WHERE run_id = $1 ORDER BY name, digest",
         );
         let rows = conn.fetch_all(select.bind(id)).await?;
-        rows.iter()
-            .map(|r| {
-                let body: String = r.get(2)?;
-                Ok(RunInput {
-                    name: r.get(0)?,
-                    digest: r.get(1)?,
-                    body: serde_json::from_str(&body)
-                        .map_err(|e| StoreError::Database(sqlx::Error::Decode(e.into())))?,
-                })
-            })
-            .collect()
+        rows.iter().map(input_of).collect()
     }
+}
+
+/// One `run_inputs` row, selected as `name, digest, body`.
+fn input_of(r: &Row) -> StoreResult<RunInput> {
+    let body: String = r.get(2)?;
+    Ok(RunInput {
+        name: r.get(0)?,
+        digest: r.get(1)?,
+        body: serde_json::from_str(&body)
+            .map_err(|e| StoreError::Database(sqlx::Error::Decode(e.into())))?,
+    })
 }
