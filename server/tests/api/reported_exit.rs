@@ -22,7 +22,11 @@ fn commands_with_tokens(settings: &mut Settings) {
 }
 
 async fn a_run_that_reports_failed_itself_keeps_its_reason_and_its_exit_code(app: &TestApp) {
-    let command = r#"curl -sf -X PATCH "$TRAINYARD_SERVER_URL/api/v1/runs/$TRAINYARD_RUN_ID" \
+    // As a trainer does, it reports once the launcher has recorded it running (a report that
+    // came first would be followed by the launcher's own `running`): the test says when, with a
+    // file in the run's directory.
+    let command = r#"for _ in $(seq 1 600); do [ -e go ] && break; sleep 0.1; done
+curl -sf -X PATCH "$TRAINYARD_SERVER_URL/api/v1/runs/$TRAINYARD_RUN_ID" \
   -H "Authorization: Bearer $TRAINYARD_TOKEN" -H 'content-type: application/json' \
   -d '{"status": "failed", "reason": "loss diverged"}' || exit 9
 exit 3"#;
@@ -35,8 +39,15 @@ exit 3"#;
     assert_eq!(response.status(), StatusCode::CREATED);
     let created: Value = response.json().await.expect("run");
     let path = format!("/api/v1/runs/{}", created["id"].as_str().expect("id"));
-    // The run reports `failed` before its process exits; the exit is recorded after.
     let deadline = Instant::now() + Duration::from_secs(60);
+    while app.get_json(&path).await["status"] != "running" {
+        assert!(Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let id = created["id"].as_str().expect("id");
+    let run_dir = app.state.launcher.data_dir().join("runs").join(id);
+    std::fs::write(run_dir.join("go"), "").expect("the go file");
+    // The run reports `failed` before its process exits; the exit is recorded after.
     let run = loop {
         let run = app.get_json(&path).await;
         if !run["exit"].is_null() {
@@ -50,7 +61,6 @@ exit 3"#;
     };
     assert_eq!(run["status"], "failed", "{run:#}");
     assert_eq!(run["exit"]["exit_code"], 3, "{run:#}");
-    let id = created["id"].as_str().expect("id");
     let events = app.state.store.run_events(id, None).await.expect("events");
     let last = events.last().expect("a status event");
     assert_eq!(last.to_status.as_str(), "failed");
