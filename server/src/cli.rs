@@ -5,13 +5,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use axum::http::Uri;
+use ::http::Uri;
 use clap::{Args, Parser, Subcommand};
 
 use crate::store::accounts::Level;
 
 use crate::app::{Application, Settings, DEFAULT_BODY_LIMIT};
-use crate::http::guard::{parse_host_name, parse_public_url};
+use crate::settings::{parse_host_name, parse_public_url};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -9,6 +9,29 @@
 //! principal (a user, the admin token, a run's token) and one client address hold at most
 //! their share ([`StreamLimits`]), so one reader cannot take every connection the server has.
 
+/// The event names of the API's server-sent event streams, for the server that sends them and
+/// the client (`client::sse`) and the tests that read them. `static/live.js` listens for the
+/// same names.
+pub mod names {
+    /// A run's stream (`GET /api/v1/runs/{id}/events`): new points of the run.
+    pub const POINTS: &str = "points";
+    /// A run's stream and the global one (`GET /api/v1/events`): a status change.
+    pub const STATUS: &str = "status";
+    /// The global stream: the reader fell behind and missed status changes; read the runs
+    /// again.
+    pub const LAGGED: &str = "lagged";
+    /// The last event of a run stream the server had to end on its own failure. Not `error`:
+    /// in the browser that name is EventSource's own connection-error event, which a listener
+    /// could not tell apart from this one.
+    pub const STREAM_ERROR: &str = "stream_error";
+    /// `GET /api/v1/runs/{id}/logs?follow=true`: output of the run, `{offset, text}`.
+    pub const LOG: &str = "log";
+    /// `GET /api/v1/runs/{id}/logs?follow=true`: the run ended, `{status}`; nothing follows.
+    pub const END: &str = "end";
+    /// `GET /api/v1/sweeps/{id}/events`: the sweep as `GET /api/v1/sweeps/{id}` shows it.
+    pub const SWEEP: &str = "sweep";
+}
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -49,6 +49,24 @@ impl std::fmt::Display for SearchError {
     }
 }
 
+impl std::error::Error for SearchError {}
+
+/// A refused search names its parameter; `q` keeps its position.
+impl From<SearchError> for crate::error::Error {
+    fn from(e: SearchError) -> Self {
+        match e.position {
+            Some(position) if e.field == "q" => crate::error::Error::InvalidFilter {
+                position,
+                message: e.message,
+            },
+            _ => crate::error::Error::Malformed {
+                field: Some(e.field.to_string()),
+                message: e.message,
+            },
+        }
+    }
+}
+
 fn given(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
@@ -130,11 +148,11 @@ impl SearchParams {
 /// the query, so pages are full), an experiment it may not read is "not found", and a key only
 /// runs it may not read have is unknown.
 pub async fn visible_query(
-    state: &crate::app::AppState,
+    state: &crate::state::AppState,
     principal: &crate::access::Principal,
     params: &SearchParams,
-) -> Result<RunQuery, crate::http::ApiError> {
-    let visible = principal.readable_experiments(state).await?;
+) -> Result<RunQuery, crate::error::Error> {
+    let visible = principal.readable_experiments(state.store.as_ref()).await?;
     Ok(params.to_query(&state.store, visible).await?)
 }
 
@@ -154,6 +172,22 @@ impl From<SearchError> for SearchOrStoreError {
 impl From<StoreError> for SearchOrStoreError {
     fn from(e: StoreError) -> Self {
         SearchOrStoreError::Store(e)
+    }
+}
+
+impl From<SearchOrStoreError> for crate::error::Error {
+    fn from(e: SearchOrStoreError) -> Self {
+        match e {
+            SearchOrStoreError::Search(e) => e.into(),
+            // A value the store refuses during a search (a cursor) came from the query string.
+            SearchOrStoreError::Store(StoreError::Invalid { field, message }) => {
+                crate::error::Error::Malformed {
+                    field: Some(field.to_string()),
+                    message: format!("{field}: {message}"),
+                }
+            }
+            SearchOrStoreError::Store(e) => e.into(),
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
+use crate::access::audit::AuditAction;
 use crate::access::{password, secret};
 use crate::store::{self, now_ms, DynStore};
 
@@ -78,7 +79,7 @@ pub async fn run(args: UserArgs) -> anyhow::Result<()> {
                 .map_err(plain)?;
             audit(
                 &store,
-                "user_add",
+                AuditAction::UserAdd,
                 &user.name,
                 admin.then(|| "admin".into()),
             )
@@ -117,7 +118,7 @@ pub async fn run(args: UserArgs) -> anyhow::Result<()> {
             let (text, generated) = new_password(password_stdin)?;
             let hash = hash(text.clone()).await?;
             store.set_password(&user.id, &hash, now_ms()).await?;
-            audit(&store, "user_password", &user.name, None).await;
+            audit(&store, AuditAction::UserPassword, &user.name, None).await;
             println!(
                 "password of {} changed; their sessions have ended",
                 user.name
@@ -132,7 +133,7 @@ pub async fn run(args: UserArgs) -> anyhow::Result<()> {
 
 async fn open(args: &UserArgs) -> anyhow::Result<DynStore> {
     // What `serve` opens.
-    let url = crate::app::database_url(&args.data_dir, args.database_url.as_deref());
+    let url = crate::settings::database_url(&args.data_dir, args.database_url.as_deref());
     if args.create_database {
         let store = store::connect(&url)
             .await
@@ -248,9 +249,9 @@ async fn set_disabled(store: &DynStore, name: &str, disabled: bool) -> anyhow::R
     let user = find(store, name).await?;
     store.set_user_disabled(&user.id, disabled).await?;
     let action = if disabled {
-        "user_disable"
+        AuditAction::UserDisable
     } else {
-        "user_enable"
+        AuditAction::UserEnable
     };
     audit(store, action, &user.name, None).await;
     println!(
@@ -290,12 +291,12 @@ async fn hash(text: String) -> anyhow::Result<String> {
         .map_err(|e| anyhow::anyhow!("hashing the password: {e}"))
 }
 
-async fn audit(store: &DynStore, action: &str, target: &str, detail: Option<String>) {
+async fn audit(store: &DynStore, action: AuditAction, target: &str, detail: Option<String>) {
     let entry = crate::store::accounts::AuditNew {
         time: now_ms(),
         actor: Some("cli".into()),
         client: None,
-        action: action.into(),
+        action: action.as_str().into(),
         target: Some(target.into()),
         detail,
     };

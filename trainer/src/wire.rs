@@ -3,6 +3,15 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// Unix time in milliseconds: the clock of every stored time, on both ends (a point's `time`,
+/// a run's timestamps, the server's sessions and tokens).
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 /// Most points one `POST /api/v1/runs/{id}/metrics` request may carry: the server refuses a
 /// larger batch (422), so the reporter never sends one.
 pub const MAX_POINTS_PER_BATCH: usize = 10_000;

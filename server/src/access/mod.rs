@@ -8,6 +8,7 @@
 //! or experiment the caller may not read answers 404, exactly like one that does not exist.
 
 pub mod audit;
+pub mod epoch;
 pub mod password;
 pub mod policy;
 pub mod principal;
@@ -17,35 +18,12 @@ pub mod throttle;
 
 pub use policy::{Rule, Target};
 pub use principal::Principal;
+pub use secret::issue_run_token;
 
-use crate::app::AppState;
+use crate::error::Error;
+use crate::state::AppState;
 use crate::store::accounts::Level;
-use crate::store::{StoreError, DEFAULT_EXPERIMENT};
-
-/// Why a request was refused.
-#[derive(Debug)]
-pub enum Denied {
-    /// No valid credential (401; a page sends the browser to the sign-in page).
-    SignIn,
-    /// The caller may see the target but not do this (403), in plain words.
-    Forbidden(String),
-    /// The target does not exist, or the caller may not read it: the same answer (404).
-    NotFound(String),
-    Store(StoreError),
-    /// A fault of the server itself (a route without an access rule): a logged 500.
-    Bug(String),
-}
-
-impl From<StoreError> for Denied {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::NotFound { entity, id } => {
-                Denied::NotFound(format!("{entity} `{id}` not found"))
-            }
-            other => Denied::Store(other),
-        }
-    }
-}
+use crate::store::{Experiment, Store, StoreError, DEFAULT_EXPERIMENT};
 
 /// The decision for one request: `id` is the route's `{id}` parameter, if any.
 pub async fn decide(
@@ -54,16 +32,16 @@ pub async fn decide(
     rule: Rule,
     write: bool,
     id: Option<&str>,
-) -> Result<(), Denied> {
+) -> Result<(), Error> {
     if rule == Rule::Public {
         return Ok(());
     }
     if principal.is_anonymous() {
-        return Err(Denied::SignIn);
+        return Err(Error::SignIn);
     }
     if write && !principal.may_write() {
-        return Err(Denied::Forbidden(
-            "this token may only read (its scope is `read`)".into(),
+        return Err(Error::forbidden(
+            "this token may only read (its scope is `read`)",
         ));
     }
     if principal.is_admin() {
@@ -77,18 +55,14 @@ pub async fn decide(
             (Rule::Report, Some(id)) if id == run_id => Ok(()),
             // Its handler checks the run it names with `Rule::Report`, which lands above.
             (Rule::InRequest(Target::Report), None) => Ok(()),
-            _ => Err(Denied::Forbidden(
-                "a run's token may only report that run".into(),
-            )),
+            _ => Err(Error::forbidden("a run's token may only report that run")),
         };
     }
     match rule {
         Rule::Public | Rule::SignedIn => Ok(()),
         // The handler applies the target's rule once it has read the target's name.
         Rule::InRequest(_) => Ok(()),
-        Rule::Admin => Err(Denied::Forbidden(
-            "only an administrator may do this".into(),
-        )),
+        Rule::Admin => Err(Error::forbidden("only an administrator may do this")),
         Rule::Run(level) => require_run(state, principal, id.unwrap_or_default(), level).await,
         Rule::Report => require_run(state, principal, id.unwrap_or_default(), Level::Edit).await,
         Rule::Experiment(level) => {
@@ -99,7 +73,7 @@ pub async fn decide(
         }
         Rule::Sweep(level) => {
             let asked = id.unwrap_or_default();
-            let not_found = || Denied::NotFound(format!("sweep `{asked}` not found"));
+            let not_found = || Error::NotFound(format!("sweep `{asked}` not found"));
             let sweep = match state.store.get_sweep(asked).await {
                 Err(StoreError::NotFound { .. }) => return Err(not_found()),
                 other => other?,
@@ -110,9 +84,9 @@ pub async fn decide(
             };
             match require_held(state, principal, in_sweep, level, "sweep").await {
                 // A sweep in an experiment the caller may not read does not exist for them.
-                Err(Denied::NotFound(_)) => Err(not_found()),
-                Err(Denied::Forbidden(why)) => {
-                    Err(Denied::Forbidden(format!("sweep `{asked}`: {why}")))
+                Err(Error::NotFound(_)) => Err(not_found()),
+                Err(Error::Forbidden { message: why, .. }) => {
+                    Err(Error::forbidden(format!("sweep `{asked}`: {why}")))
                 }
                 other => other,
             }
@@ -128,7 +102,7 @@ pub async fn require_named(
     rule: Rule,
     write: bool,
     id: &str,
-) -> Result<(), Denied> {
+) -> Result<(), Error> {
     match rule {
         Rule::InRequest(target) => decide(state, principal, target.rule(), write, Some(id)).await,
         _ => Ok(()),
@@ -142,8 +116,8 @@ pub async fn require_run(
     principal: &Principal,
     run_id: &str,
     level: Level,
-) -> Result<(), Denied> {
-    let not_found = || Denied::NotFound(format!("run `{run_id}` not found"));
+) -> Result<(), Error> {
+    let not_found = || Error::NotFound(format!("run `{run_id}` not found"));
     let run = match state.store.run_access(run_id).await {
         Err(StoreError::NotFound { .. }) => return Err(not_found()),
         other => other?,
@@ -153,7 +127,7 @@ pub async fn require_run(
         created_by: run.created_by.as_deref(),
     };
     match require_held(state, principal, held, level, "run").await {
-        Err(Denied::NotFound(_)) => Err(not_found()),
+        Err(Error::NotFound(_)) => Err(not_found()),
         other => other,
     }
 }
@@ -172,10 +146,12 @@ async fn require_held(
     held: Held<'_>,
     level: Level,
     what: &str,
-) -> Result<(), Denied> {
-    let on_experiment = principal.level_on(state, held.experiment_id).await?;
+) -> Result<(), Error> {
+    let on_experiment = principal
+        .level_on(state.store.as_ref(), held.experiment_id)
+        .await?;
     if on_experiment < Level::Read {
-        return Err(Denied::NotFound(format!("{what} not found")));
+        return Err(Error::NotFound(format!("{what} not found")));
     }
     if level <= Level::Read {
         return Ok(());
@@ -185,7 +161,7 @@ async fn require_held(
         return Ok(());
     }
     let shared = held.experiment_id == policy::SHARED_EXPERIMENT_ID;
-    Err(Denied::Forbidden(if shared && have < on_experiment {
+    Err(Error::forbidden(if shared && have < on_experiment {
         format!(
             "this {what} is in the shared experiment `{DEFAULT_EXPERIMENT}`: only its \
              creator, an administrator or someone granted {} access there may change it \
@@ -238,7 +214,9 @@ pub async fn level_on_run(
     principal: &Principal,
     run: &crate::store::accounts::RunAccess,
 ) -> Result<Level, StoreError> {
-    let on_experiment = principal.level_on(state, &run.experiment_id).await?;
+    let on_experiment = principal
+        .level_on(state.store.as_ref(), &run.experiment_id)
+        .await?;
     let held = Held {
         experiment_id: &run.experiment_id,
         created_by: run.created_by.as_deref(),
@@ -252,7 +230,9 @@ pub async fn level_on_sweep(
     principal: &Principal,
     sweep: &crate::store::sweeps::SweepRow,
 ) -> Result<Level, StoreError> {
-    let on_experiment = principal.level_on(state, &sweep.experiment_id).await?;
+    let on_experiment = principal
+        .level_on(state.store.as_ref(), &sweep.experiment_id)
+        .await?;
     let held = Held {
         experiment_id: &sweep.experiment_id,
         created_by: sweep.created_by.as_deref(),
@@ -267,13 +247,15 @@ pub async fn require_experiment(
     experiment_id: &str,
     name: &str,
     level: Level,
-) -> Result<(), Denied> {
-    let have = principal.level_on(state, experiment_id).await?;
+) -> Result<(), Error> {
+    let have = principal
+        .level_on(state.store.as_ref(), experiment_id)
+        .await?;
     if have < Level::Read {
-        return Err(Denied::NotFound(format!("experiment `{name}` not found")));
+        return Err(Error::NotFound(format!("experiment `{name}` not found")));
     }
     if have < level {
-        return Err(Denied::Forbidden(format!(
+        return Err(Error::forbidden(format!(
             "you need {} access to experiment `{name}` (you have {})",
             level.as_str(),
             have.as_str()
@@ -282,10 +264,10 @@ pub async fn require_experiment(
     Ok(())
 }
 
-/// The experiments where the caller has at least `level` (`None`: every one, for an
-/// administrator). A read-only token has nothing above READ.
+/// The one visibility rule: the experiments where the caller has at least `level` (`None`:
+/// every one, for an administrator). A read-only token has nothing above READ.
 pub async fn experiments_at(
-    state: &AppState,
+    store: &dyn Store,
     principal: &Principal,
     level: Level,
 ) -> Result<Option<Vec<String>>, StoreError> {
@@ -299,8 +281,7 @@ pub async fn experiments_at(
         return Ok(Some(Vec::new()));
     }
     Ok(Some(
-        state
-            .store
+        store
             .experiment_levels(&user.id)
             .await?
             .into_iter()
@@ -310,6 +291,18 @@ pub async fn experiments_at(
     ))
 }
 
+/// Keeps the experiments of `experiments` the caller may read (READ, as [`experiments_at`]).
+pub async fn retain_readable(
+    store: &dyn Store,
+    principal: &Principal,
+    experiments: &mut Vec<Experiment>,
+) -> Result<(), StoreError> {
+    if let Some(readable) = experiments_at(store, principal, Level::Read).await? {
+        experiments.retain(|e| readable.contains(&e.id));
+    }
+    Ok(())
+}
+
 /// Whether the caller may add runs to the experiment named (EDIT on an existing one; any
 /// signed-in caller may name a new one). Checked first, before the request's other fields, so
 /// a refusal does not depend on what else was wrong.
@@ -317,7 +310,7 @@ pub async fn may_add_runs(
     state: &AppState,
     principal: &Principal,
     id_or_name: Option<&str>,
-) -> Result<(), Denied> {
+) -> Result<(), Error> {
     match state
         .store
         .get_experiment(id_or_name.unwrap_or(DEFAULT_EXPERIMENT))
@@ -339,7 +332,7 @@ pub async fn experiment_for_new_run(
     state: &AppState,
     principal: &Principal,
     id_or_name: Option<&str>,
-) -> Result<String, Denied> {
+) -> Result<String, Error> {
     let wanted = id_or_name.unwrap_or(DEFAULT_EXPERIMENT);
     match state.store.get_experiment(wanted).await {
         Ok(experiment) => {
@@ -355,42 +348,4 @@ pub async fn experiment_for_new_run(
         }
         Err(e) => Err(e.into()),
     }
-}
-
-impl From<Denied> for crate::http::error::ApiError {
-    fn from(d: Denied) -> Self {
-        use crate::http::error::ApiError;
-        match d {
-            Denied::SignIn => ApiError::Unauthorized,
-            Denied::Forbidden(message) => ApiError::Forbidden {
-                field: None,
-                message,
-            },
-            Denied::NotFound(m) => ApiError::NotFound(m),
-            Denied::Store(e) => e.into(),
-            Denied::Bug(cause) => ApiError::Internal(anyhow::anyhow!(cause)),
-        }
-    }
-}
-
-/// A new token for one attempt of a launched run: it may report that run only, and it stops
-/// working when the run ends. Returns the secret (the store keeps its hash).
-pub async fn issue_run_token(
-    store: &dyn crate::store::Store,
-    run_id: &str,
-) -> crate::store::StoreResult<String> {
-    let secret = secret::new_secret();
-    store
-        .create_token(crate::store::accounts::TokenNew {
-            id: secret::new_id(),
-            secret_hash: secret::hash_secret(&secret),
-            user_id: None,
-            run_id: Some(run_id.to_owned()),
-            name: format!("run {run_id}"),
-            scope: crate::store::accounts::TokenScope::Run,
-            created_at: crate::store::now_ms(),
-            expires_at: None,
-        })
-        .await?;
-    Ok(secret)
 }

@@ -3,7 +3,7 @@
 //! everyone but the local single user, and the role-matrix test walks every documented route, so
 //! a route added without a rule fails the suite instead of being open.
 
-use axum::http::Method;
+use ::http::Method;
 
 use crate::store::accounts::Level;
 

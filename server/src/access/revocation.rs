@@ -22,45 +22,19 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::principal::{accounts_on, Via};
-use super::{decide, Denied, Principal, Rule};
-use crate::app::AppState;
+use super::principal::Via;
+use super::{decide, Principal, Rule};
+use crate::error::Error;
+use crate::state::AppState;
 use crate::store::accounts::Level;
 use crate::store::{now_ms, StoreError, StoreResult};
+
+pub use super::epoch::AccessEpoch;
 
 /// An open stream re-checks at least this often, bumped or not.
 pub const RECHECK_EVERY: Duration = Duration::from_secs(60);
 /// Runs whose readability the all-runs stream remembers between two checks.
 const REMEMBERED_RUNS: usize = 10_000;
-
-/// A counter that goes up whenever access may have been taken away somewhere.
-#[derive(Debug)]
-pub struct AccessEpoch {
-    epoch: watch::Sender<u64>,
-}
-
-impl Default for AccessEpoch {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl AccessEpoch {
-    pub fn new() -> Self {
-        AccessEpoch {
-            epoch: watch::channel(0).0,
-        }
-    }
-
-    /// Tells every open stream to check its access again. Call it after the change is stored.
-    pub fn bump(&self) {
-        self.epoch.send_modify(|e| *e = e.wrapping_add(1));
-    }
-
-    fn subscribe(&self) -> watch::Receiver<u64> {
-        self.epoch.subscribe()
-    }
-}
 
 /// What an open stream shows.
 #[derive(Debug, Clone)]
@@ -193,7 +167,7 @@ async fn check(state: &AppState, principal: &Principal, scope: &Scope) -> StoreR
     };
     match verdict {
         Ok(()) => Ok(true),
-        Err(Denied::Store(e)) => Err(e),
+        Err(Error::Store(e)) => Err(e),
         Err(_) => Ok(false),
     }
 }
@@ -212,7 +186,7 @@ pub async fn current(state: &AppState, principal: &Principal) -> StoreResult<Opt
             Err(e) => Err(e),
         },
         Principal::User { user, via } => {
-            if !accounts_on(state) {
+            if !state.settings.accounts_on() {
                 return Ok(None);
             }
             let holds = match via {

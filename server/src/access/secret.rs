@@ -43,6 +43,28 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A new token for one attempt of a launched run: it may report that run only, and it stops
+/// working when the run ends. Returns the secret (the store keeps its hash).
+pub async fn issue_run_token(
+    store: &dyn crate::store::Store,
+    run_id: &str,
+) -> crate::store::StoreResult<String> {
+    let secret = new_secret();
+    store
+        .create_token(crate::store::accounts::TokenNew {
+            id: new_id(),
+            secret_hash: hash_secret(&secret),
+            user_id: None,
+            run_id: Some(run_id.to_owned()),
+            name: format!("run {run_id}"),
+            scope: crate::store::accounts::TokenScope::Run,
+            created_at: crate::store::now_ms(),
+            expires_at: None,
+        })
+        .await?;
+    Ok(secret)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,9 +9,10 @@ use tracing::instrument;
 use trainer::config::{Config, ConfigError};
 
 use super::paths;
-use crate::app::AppState;
-use crate::http::error::ApiError;
+use crate::access::audit::AuditAction;
+use crate::error::Error;
 use crate::launcher::LaunchSpec;
+use crate::state::AppState;
 use crate::store::accounts::Level;
 use crate::store::{NewRun, Run, DEFAULT_EXPERIMENT};
 use crate::validate::limits::{
@@ -191,10 +192,10 @@ fn parse_command(command: &Option<CommandSpec>) -> Result<Option<Vec<String>>, I
 
 /// A custom command runs anything as the server's user, so it needs the operator's explicit
 /// consent (`serve --allow-command-launch`).
-fn check_command_allowed(state: &AppState, req: &LaunchRequest) -> Result<(), ApiError> {
+fn check_command_allowed(state: &AppState, req: &LaunchRequest) -> Result<(), Error> {
     // Once accounts exist, a command launch must also come from an admin: check it here.
     if req.command.is_some() && !state.settings.allow_command_launch {
-        return Err(ApiError::Forbidden {
+        return Err(Error::Forbidden {
             field: Some("command".into()),
             message: "launching a custom command is turned off on this server; an operator can \
                       allow it with `trainyard serve --allow-command-launch` (or \
@@ -213,7 +214,7 @@ pub async fn launch_run(
     state: &AppState,
     actor: &crate::access::audit::Actor,
     mut req: LaunchRequest,
-) -> Result<Run, ApiError> {
+) -> Result<Run, Error> {
     let principal = &actor.principal;
     check_command_allowed(state, &req)?;
     let experiment = Name::parse(
@@ -248,7 +249,7 @@ pub async fn launch_run(
     if let Some(dir) = &req.working_dir {
         check_len("working_dir", dir, MAX_WORKING_DIR_LEN)?;
     }
-    let server_dir = std::env::current_dir().map_err(|e| ApiError::Internal(e.into()))?;
+    let server_dir = std::env::current_dir().map_err(Error::internal)?;
     let base = paths::Base::of(req.working_dir.as_deref(), &server_dir)?;
     let data_dir = state.launcher.data_dir().to_path_buf();
     let roots = state.launcher.roots().clone();
@@ -270,7 +271,7 @@ pub async fn launch_run(
         (req, config)
     })
     .await
-    .map_err(|e| ApiError::Internal(e.into()))?;
+    .map_err(Error::internal)?;
     let (config, run_paths) = match config? {
         Some((config, runs)) => (Some(config), runs),
         None => (None, Vec::new()),
@@ -281,14 +282,14 @@ pub async fn launch_run(
     for run_path in run_paths {
         match crate::access::require_run(state, principal, &run_path.run_id, Level::Read).await {
             Ok(()) => read.push(run_path.path),
-            Err(crate::access::Denied::Store(e)) => return Err(ApiError::from(e)),
+            Err(Error::Store(e)) => return Err(e.into()),
             Err(_) => return Err(run_path.refusal.into()),
         }
     }
     let config = config
         .map(|c| serde_json::to_value(&c))
         .transpose()
-        .map_err(|e| ApiError::Internal(e.into()))?;
+        .map_err(Error::internal)?;
     let spec = LaunchSpec {
         gpus: req.resources.as_ref().map(|r| r.gpus).unwrap_or(0),
         max_restarts,
@@ -315,7 +316,14 @@ pub async fn launch_run(
         created_by: principal.user_id().map(str::to_owned),
     };
     let run = state.launcher.launch(new, spec).await?;
-    actor.record(state, "run_launch", Some(&run.id), None).await;
+    actor
+        .record(
+            state.store.as_ref(),
+            AuditAction::RunLaunch,
+            Some(&run.id),
+            None,
+        )
+        .await;
     Ok(run)
 }
 

@@ -3,10 +3,11 @@
 use tracing::instrument;
 
 use crate::access::audit;
-use crate::app::AppState;
+use crate::access::audit::AuditAction;
 use crate::checkpoints::{self, ResumePoint};
-use crate::http::error::ApiError;
+use crate::error::Error;
 use crate::launcher::StopOutcome;
+use crate::state::AppState;
 use crate::status::{change_status, illegal_transition, transition_allowed, Actor};
 use crate::store::{Run, RunStatus, RunUpdate};
 use crate::validate::{Name, RunEdit};
@@ -14,7 +15,7 @@ use crate::validate::{Name, RunEdit};
 /// Applies an edit (name, tags merged, notes, the write-once config, a status change with its
 /// reason) and returns the run as stored. A refused edit changes nothing.
 #[instrument(skip(state, edit))]
-pub async fn edit_run(state: &AppState, id: &str, edit: RunEdit) -> Result<Run, ApiError> {
+pub async fn edit_run(state: &AppState, id: &str, edit: RunEdit) -> Result<Run, Error> {
     let current = state.store.get_run(id).await?;
     // Refuse an illegal status change before anything else is written, so a refused request
     // changes nothing (`change_status` checks again under the run's lock).
@@ -59,10 +60,10 @@ pub async fn edit_run(state: &AppState, id: &str, edit: RunEdit) -> Result<Run, 
 /// Deletes a run that is not queued or running: its stored data and, for a run this server
 /// launched, its directory (logs, checkpoints).
 #[instrument(skip(state, actor))]
-pub async fn delete_run(state: &AppState, actor: &audit::Actor, id: &str) -> Result<(), ApiError> {
+pub async fn delete_run(state: &AppState, actor: &audit::Actor, id: &str) -> Result<(), Error> {
     let run = state.store.get_run(id).await?;
     if matches!(run.status, RunStatus::Queued | RunStatus::Running) {
-        return Err(ApiError::Conflict {
+        return Err(Error::Conflict {
             field: None,
             message: format!(
                 "run `{id}` is {}: stop it before deleting it",
@@ -82,7 +83,9 @@ pub async fn delete_run(state: &AppState, actor: &audit::Actor, id: &str) -> Res
             tracing::warn!(run = %id, %error, "the deleted run's directory was not removed");
         }
     }
-    actor.record(state, "run_delete", Some(id), None).await;
+    actor
+        .record(state.store.as_ref(), AuditAction::RunDelete, Some(id), None)
+        .await;
     Ok(())
 }
 
@@ -93,10 +96,12 @@ pub async fn stop_run(
     state: &AppState,
     actor: &audit::Actor,
     id: &str,
-) -> Result<StopOutcome, ApiError> {
+) -> Result<StopOutcome, Error> {
     state.store.get_run(id).await?;
     let outcome = state.launcher.stop(id).await?;
-    actor.record(state, "run_stop", Some(id), None).await;
+    actor
+        .record(state.store.as_ref(), AuditAction::RunStop, Some(id), None)
+        .await;
     Ok(outcome)
 }
 
@@ -111,7 +116,7 @@ pub async fn resume_run(
     id: &str,
     from: ResumePoint,
     gpus: Option<usize>,
-) -> Result<Run, ApiError> {
+) -> Result<Run, Error> {
     state.store.get_run(id).await?;
     if !state.launcher.is_launched(id) {
         // Before resolving a checkpoint: "not launched here" says more than "no checkpoint".
@@ -120,12 +125,19 @@ pub async fn resume_run(
     let dir = state.launcher.run_dir(id);
     let (checkpoint, path) = tokio::task::spawn_blocking(move || checkpoints::resolve(&dir, &from))
         .await
-        .map_err(|e| ApiError::Internal(e.into()))??;
+        .map_err(Error::internal)??;
     let run = state
         .launcher
         .resume(id, path, checkpoint.step, gpus)
         .await?;
     let detail = Some(format!("from step {}", checkpoint.step));
-    actor.record(state, "run_resume", Some(id), detail).await;
+    actor
+        .record(
+            state.store.as_ref(),
+            AuditAction::RunResume,
+            Some(id),
+            detail,
+        )
+        .await;
     Ok(run)
 }

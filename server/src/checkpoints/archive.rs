@@ -6,7 +6,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use axum::body::Bytes;
+use bytes::Bytes;
 
 const BLOCK: u64 = 512;
 

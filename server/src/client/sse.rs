@@ -8,14 +8,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 
 /// The event names the API's streams send.
-pub mod names {
-    /// `GET /api/v1/runs/{id}/logs?follow=true`: output of the run, `{offset, text}`.
-    pub const LOG: &str = "log";
-    /// `GET /api/v1/runs/{id}/logs?follow=true`: the run ended, `{status}`; nothing follows.
-    pub const END: &str = "end";
-    /// `GET /api/v1/sweeps/{id}/events`: the sweep as `GET /api/v1/sweeps/{id}` shows it.
-    pub const SWEEP: &str = "sweep";
-}
+pub use crate::live::names;
 
 /// One event of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,12 +76,12 @@ mod tests {
     fn expected() -> Vec<SseEvent> {
         vec![
             SseEvent {
-                event: "log".into(),
+                event: names::LOG.into(),
                 id: Some("7".into()),
                 data: "{\"offset\":0,\"text\":\"h\u{e9}llo \u{2713} \u{65e5}\u{672c}\\n\"}".into(),
             },
             SseEvent {
-                event: "end".into(),
+                event: names::END.into(),
                 id: Some("7".into()),
                 data: "{\"status\":\"finished\"}".into(),
             },

@@ -10,11 +10,14 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 
-use crate::access::principal::{self, ResolveError, CSRF_HEADER};
-use crate::access::{decide, policy, Denied, Principal};
+use crate::access::audit::Actor;
+use crate::access::principal::CSRF_HEADER;
+use crate::access::{decide, policy, Principal};
 use crate::app::AppState;
+use crate::error::Error;
 use crate::http::error::ApiError;
 use crate::http::pages::chrome::Chrome;
+use crate::http::principal::{resolve, ResolveError};
 
 pub async fn check(
     State(state): State<AppState>,
@@ -31,7 +34,7 @@ pub async fn check(
         return next.run(request).await;
     };
     let room = Room::of(&pattern);
-    let principal = match principal::resolve(&state, &method, request.headers()).await {
+    let principal = match resolve(&state, &method, request.headers()).await {
         Ok(p) => p,
         // A public route (health, the API document, sign-in) answers a stale or wrong
         // credential as it answers anyone: a monitor with an old token still sees the health,
@@ -42,9 +45,9 @@ pub async fn check(
             Principal::Anonymous
         }
         Err(ResolveError::BadCredential) => {
-            return refuse(&state, room, &request, Denied::SignIn);
+            return refuse(&state, room, &request, Error::SignIn);
         }
-        Err(ResolveError::Store(e)) => return refuse(&state, room, &request, Denied::Store(e)),
+        Err(ResolveError::Store(e)) => return refuse(&state, room, &request, Error::Store(e)),
     };
     let Some(rule) = policy::rule(&method, &pattern) else {
         if policy::has_route(&pattern) {
@@ -58,7 +61,12 @@ pub async fn check(
         // A server bug, refused for everyone (the local user too) so that the first test of a
         // new route without a row in `access::policy` fails instead of the route being open.
         let bug = format!("route {method} {pattern} has no access rule");
-        return refuse(&state, room, &request, Denied::Bug(bug));
+        return refuse(
+            &state,
+            room,
+            &request,
+            Error::Internal(anyhow::anyhow!(bug)),
+        );
     };
     let id = params.ok().and_then(|p| {
         p.iter()
@@ -89,7 +97,7 @@ async fn with_principal(
 ) -> Response {
     if page {
         // Pages show who is signed in, and their forms carry the session's CSRF token.
-        let chrome = Chrome::of(&principal, principal::accounts_on(state));
+        let chrome = Chrome::of(&principal, state.settings.accounts_on());
         request.extensions_mut().insert(principal);
         return chrome.scope(next.run(request)).await;
     }
@@ -118,11 +126,11 @@ impl Room {
     }
 }
 
-fn refuse(state: &AppState, room: Room, request: &Request, denied: Denied) -> Response {
+fn refuse(state: &AppState, room: Room, request: &Request, denied: Error) -> Response {
     // Without accounts (a loopback server with only an admin token) there is no sign-in page:
     // the page answers 401 like the API.
-    if room == Room::Page && principal::accounts_on(state) {
-        if let Denied::SignIn = denied {
+    if room == Room::Page && state.settings.accounts_on() {
+        if let Error::SignIn = denied {
             let here = request
                 .uri()
                 .path_and_query()
@@ -165,8 +173,8 @@ async fn csrf_checked(
         .get::<MatchedPath>()
         .map_or(Room::Api, |m| Room::of(m.as_str()));
     let forged = || {
-        let denied = Denied::Forbidden(
-            "this form or request is missing its CSRF token; reload the page and try again".into(),
+        let denied = Error::forbidden(
+            "this form or request is missing its CSRF token; reload the page and try again",
         );
         Err(Box::new(refuse_plain(room, denied)))
     };
@@ -201,7 +209,7 @@ async fn csrf_checked(
     }
 }
 
-fn refuse_plain(room: Room, denied: Denied) -> Response {
+fn refuse_plain(room: Room, denied: Error) -> Response {
     if room == Room::Mlflow {
         return crate::http::mlflow::MlflowError::from(denied).into_response();
     }
@@ -234,6 +242,27 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Client {
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
                 .map(|c| c.0.ip().to_string()),
         ))
+    }
+}
+
+/// The [`Actor`] of a request: the principal the access check resolved and the client address.
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Actor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let principal = parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::Internal(anyhow::anyhow!("a handler ran without the access check"))
+            })?;
+        let Ok(Client(client)) =
+            <Client as axum::extract::FromRequestParts<S>>::from_request_parts(parts, state).await;
+        Ok(Actor { principal, client })
     }
 }
 

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
+use crate::error::Error;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -199,11 +200,34 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Seconds a client is asked to wait before retrying a write the full disk refused.
-pub const STORAGE_RETRY_AFTER_S: u32 = 60;
+pub use crate::error::{STORAGE_RETRY_AFTER_S, UNAVAILABLE_RETRY_AFTER_S};
 
-/// Seconds a client is asked to wait before retrying while the database is unreachable.
-pub const UNAVAILABLE_RETRY_AFTER_S: u32 = 5;
+/// The one place a use case's error gets its status, code and body.
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Invalid(invalid) => invalid.into(),
+            Error::Malformed { field, message } => ApiError::BadRequest { field, message },
+            Error::InvalidFilter { position, message } => {
+                ApiError::InvalidFilter { position, message }
+            }
+            Error::NotFound(m) => ApiError::NotFound(m),
+            Error::Conflict { field, message } => ApiError::Conflict { field, message },
+            Error::Forbidden { field, message } => ApiError::Forbidden { field, message },
+            Error::Throttled {
+                message,
+                retry_after,
+            } => ApiError::TooManyRequests {
+                message,
+                retry_after,
+            },
+            Error::SignIn => ApiError::Unauthorized,
+            Error::Launch(e) => e.into(),
+            Error::Store(e) => e.into(),
+            Error::Internal(cause) => ApiError::Internal(cause),
+        }
+    }
+}
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
@@ -265,7 +289,7 @@ impl From<crate::launcher::LaunchError> for ApiError {
             LaunchError::Invalid(invalid) => invalid.into(),
             LaunchError::SlurmUnavailable(message) => ApiError::Unavailable {
                 message,
-                retry_after: 10,
+                retry_after: crate::error::SLURM_RETRY_AFTER_S,
             },
             LaunchError::Store(s) => s.into(),
             LaunchError::Io(io) => ApiError::Internal(io.into()),
@@ -359,29 +383,13 @@ fn field_from_serde_message(message: &str) -> Option<String> {
 /// A refused run search names its parameter (`q` keeps the filter's own error code).
 impl From<crate::search::SearchError> for ApiError {
     fn from(e: crate::search::SearchError) -> Self {
-        match e.position {
-            Some(position) if e.field == "q" => ApiError::InvalidFilter {
-                position,
-                message: e.message,
-            },
-            _ => ApiError::bad_request(e.field, e.message),
-        }
+        Error::from(e).into()
     }
 }
 
 impl From<crate::search::SearchOrStoreError> for ApiError {
     fn from(e: crate::search::SearchOrStoreError) -> Self {
-        match e {
-            crate::search::SearchOrStoreError::Search(e) => e.into(),
-            // A value the store refuses during a search (a cursor) came from the query string.
-            crate::search::SearchOrStoreError::Store(StoreError::Invalid { field, message }) => {
-                ApiError::BadRequest {
-                    field: Some(field.to_string()),
-                    message: format!("{field}: {message}"),
-                }
-            }
-            crate::search::SearchOrStoreError::Store(e) => e.into(),
-        }
+        Error::from(e).into()
     }
 }
 
@@ -425,6 +433,88 @@ mod tests {
             assert_eq!(
                 response.headers().get("retry-after").map(|v| v.as_bytes()),
                 Some(UNAVAILABLE_RETRY_AFTER_S.to_string().as_bytes())
+            );
+        }
+    }
+
+    #[test]
+    fn each_domain_error_gets_its_status_and_code_at_the_edge() {
+        use crate::validate::Invalid;
+        let cases: Vec<(Error, StatusCode, &str)> = vec![
+            (
+                Invalid::new("name", "too long").into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unprocessable",
+            ),
+            (
+                Error::Malformed {
+                    field: Some("spec".into()),
+                    message: "no".into(),
+                },
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+            ),
+            (
+                Error::InvalidFilter {
+                    position: 3,
+                    message: "no".into(),
+                },
+                StatusCode::BAD_REQUEST,
+                "invalid_filter",
+            ),
+            (
+                Error::NotFound("run `x` not found".into()),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (Error::conflict("busy"), StatusCode::CONFLICT, "conflict"),
+            (Error::forbidden("no"), StatusCode::FORBIDDEN, "forbidden"),
+            (Error::SignIn, StatusCode::UNAUTHORIZED, "unauthorized"),
+            (
+                Error::Throttled {
+                    message: "wait".into(),
+                    retry_after: 3,
+                },
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+            ),
+            (
+                StoreError::NotFound {
+                    entity: "run",
+                    id: "x".into(),
+                }
+                .into(),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                Error::internal(anyhow::anyhow!("secret cause")),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+            ),
+        ];
+        for (error, status, code) in cases {
+            let shown = error.to_string();
+            let api = ApiError::from(error);
+            assert_eq!((api.status(), api.code()), (status, code), "{shown}");
+            assert!(!api.to_string().contains("secret cause"));
+        }
+    }
+
+    #[test]
+    fn a_failure_that_passes_by_itself_keeps_its_retry_hint_at_the_edge() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        for error in [
+            Error::from(StoreError::from(sqlx::Error::Io(refused))),
+            Error::Launch(crate::launcher::LaunchError::SlurmUnavailable(
+                "down".into(),
+            )),
+        ] {
+            let hint = error.retry_after().expect("a retry hint");
+            let response = ApiError::from(error).into_response();
+            assert_eq!(
+                response.headers().get("retry-after").map(|v| v.as_bytes()),
+                Some(hint.to_string().as_bytes())
             );
         }
     }

@@ -18,11 +18,13 @@ use axum::extract::{Query, RawPathParams, Request, State};
 use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::http::uri::{Authority, Uri};
 use axum::http::Method;
+
+use crate::settings::normalize_host;
 use axum::middleware::Next;
 use axum::response::Response;
 
 use super::error::ApiError;
-use crate::app::Settings;
+use crate::settings::Settings;
 
 /// The host names this server answers to, and the origins its pages may write from.
 ///
@@ -180,17 +182,6 @@ fn host_of(authority: &str) -> Option<String> {
     Some(normalize_host(parsed.host()))
 }
 
-/// Lowercase, without IPv6 brackets or a final dot; IP addresses in their canonical form, so
-/// `[0:0::1]` and `::1` compare equal.
-fn normalize_host(host: &str) -> String {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return ip.to_string();
-    }
-    let bare = bare.strip_suffix('.').unwrap_or(bare);
-    bare.to_ascii_lowercase()
-}
-
 /// `scheme://host[:port]` as a browser writes it in `Origin` (no default port, lowercase).
 fn origin_of(url: &Uri) -> Option<String> {
     let scheme = url.scheme_str()?.to_ascii_lowercase();
@@ -204,43 +195,6 @@ fn origin_of(url: &Uri) -> Option<String> {
         Some(port) if Some(port) != default_port => format!("{scheme}://{host}:{port}"),
         _ => format!("{scheme}://{host}"),
     })
-}
-
-/// `--public-url`: an absolute `http`/`https` URL with a host.
-pub fn parse_public_url(text: &str) -> Result<Uri, String> {
-    let bad = || {
-        format!(
-            "`{text}` is not an absolute http:// or https:// URL such as \
-             https://trainyard.example.com"
-        )
-    };
-    let url: Uri = text.trim().parse().map_err(|_| bad())?;
-    let web = matches!(url.scheme_str(), Some("http" | "https"));
-    let has_host = url.host().is_some_and(|h| !h.is_empty());
-    let userinfo = url.authority().is_some_and(|a| a.as_str().contains('@'));
-    if !web || !has_host || userinfo {
-        return Err(bad());
-    }
-    Ok(url)
-}
-
-/// `--allowed-host`: a bare host name or IP address, stored normalized.
-pub fn parse_host_name(text: &str) -> Result<String, String> {
-    let text = text.trim();
-    let bare = text.trim_start_matches('[').trim_end_matches(']');
-    let ip = bare.parse::<IpAddr>().is_ok();
-    let name = !bare.is_empty()
-        && bare
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
-    if ip || name {
-        Ok(normalize_host(text))
-    } else {
-        Err(format!(
-            "`{text}` is not a host name: give a name or IP address such as trainyard.lan, \
-             without scheme, port or wildcard"
-        ))
-    }
 }
 
 /// Middleware: the host check, then the cross-site rule. Runs before routing's handlers on
@@ -312,6 +266,7 @@ pub async fn security_headers(mut response: Response) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::{parse_host_name, parse_public_url};
 
     fn rules(addr: &str, public: Option<&str>, extra: &[&str]) -> HostRules {
         let mut settings = Settings::new(addr.parse().expect("addr"), "data");

@@ -11,6 +11,7 @@ pub mod guard;
 pub mod mlflow;
 pub mod pages;
 pub mod palette;
+pub mod principal;
 pub mod serve;
 
 use axum::http::{Method, Uri};

@@ -1,5 +1,6 @@
 //! The launcher's hooks into the server: status changes through the one status function and
-//! system metrics through the one ingest path, so launched runs look like any other run.
+//! system metrics through the one ingest path, so launched runs look like any other run; run
+//! tokens from the access rules.
 
 use super::RunHooks;
 use crate::live::LiveHub;
@@ -37,5 +38,9 @@ impl RunHooks for AppHooks {
     async fn ingest(&self, run_id: &str, points: Vec<MetricPoint>) -> anyhow::Result<()> {
         crate::ingest::ingest_points(&*self.store, &self.live, run_id, &points).await?;
         Ok(())
+    }
+
+    async fn run_token(&self, run_id: &str) -> anyhow::Result<String> {
+        Ok(crate::access::secret::issue_run_token(self.store.as_ref(), run_id).await?)
     }
 }

@@ -82,7 +82,8 @@ impl LauncherSettings {
 }
 
 /// How the launcher records what happens to a run: the server's one status function (event +
-/// live notification) and its one metric ingest path.
+/// live notification) and its one metric ingest path; and the token a launched run reports
+/// with (`access::issue_run_token`).
 #[async_trait]
 pub trait RunHooks: Send + Sync + 'static {
     async fn set_status(
@@ -93,6 +94,9 @@ pub trait RunHooks: Send + Sync + 'static {
         exit: Option<ExitInfo>,
     ) -> anyhow::Result<()>;
     async fn ingest(&self, run_id: &str, points: Vec<MetricPoint>) -> anyhow::Result<()>;
+    /// A new token for one attempt of run `run_id`: it may report that run only. Returns the
+    /// secret.
+    async fn run_token(&self, run_id: &str) -> anyhow::Result<String>;
 }
 
 /// What a launch request asks for, once its config is validated.

@@ -301,7 +301,9 @@ async fn start_attempt(
     }
     let token = if inner.run_tokens {
         Some(
-            crate::access::issue_run_token(inner.store.as_ref(), run_id)
+            inner
+                .hooks
+                .run_token(run_id)
                 .await
                 .map_err(std::io::Error::other)?,
         )

@@ -45,11 +45,15 @@ pub fn not_found_run(id: &str) -> StoreError {
     }
 }
 
-/// The columns of `runs` every run read selects, in this order.
-/// The 13th is the name of the user who created the run.
-pub const RUN_COLUMNS: &str = "r.id, r.experiment_id, r.name, r.status, r.created_at, \
-     r.started_at, r.ended_at, r.config, r.notes, r.exit_code, r.exit_signal, r.exit_message, \
-     (SELECT u.name FROM users u WHERE u.id = r.created_by), r.deleted_at";
+/// The columns of `runs` every run read selects, each named (SQLite leaves the name of a column
+/// without `AS` unspecified), in this order; [`RunRow::from_row`] reads them by name.
+/// `created_by` is the name of the user who created the run.
+pub const RUN_COLUMNS: &str = "r.id AS id, r.experiment_id AS experiment_id, r.name AS name, \
+     r.status AS status, r.created_at AS created_at, r.started_at AS started_at, \
+     r.ended_at AS ended_at, r.config AS config, r.notes AS notes, r.exit_code AS exit_code, \
+     r.exit_signal AS exit_signal, r.exit_message AS exit_message, \
+     (SELECT u.name FROM users u WHERE u.id = r.created_by) AS created_by, \
+     r.deleted_at AS deleted_at";
 
 /// How many columns `RUN_COLUMNS` has (a search's sort columns come after them).
 pub const RUN_COLUMN_COUNT: usize = 14;
@@ -74,23 +78,23 @@ pub struct RunRow {
 }
 
 impl RunRow {
-    /// A row whose first columns are `RUN_COLUMNS`.
+    /// A row that selected `RUN_COLUMNS`, read by column name.
     pub fn from_row(row: &Row) -> Result<RunRow, sqlx::Error> {
         Ok(RunRow {
-            id: row.get(0)?,
-            experiment_id: row.get(1)?,
-            name: row.get(2)?,
-            status: row.get(3)?,
-            created_at: row.get(4)?,
-            started_at: row.get(5)?,
-            ended_at: row.get(6)?,
-            config: row.get(7)?,
-            notes: row.get(8)?,
-            exit_code: row.get(9)?,
-            exit_signal: row.get(10)?,
-            exit_message: row.get(11)?,
-            created_by: row.get(12)?,
-            deleted_at: row.get(13)?,
+            id: row.col("id")?,
+            experiment_id: row.col("experiment_id")?,
+            name: row.col("name")?,
+            status: row.col("status")?,
+            created_at: row.col("created_at")?,
+            started_at: row.col("started_at")?,
+            ended_at: row.col("ended_at")?,
+            config: row.col("config")?,
+            notes: row.col("notes")?,
+            exit_code: row.col("exit_code")?,
+            exit_signal: row.col("exit_signal")?,
+            exit_message: row.col("exit_message")?,
+            created_by: row.col("created_by")?,
+            deleted_at: row.col("deleted_at")?,
         })
     }
 }

@@ -15,11 +15,9 @@ pub const DEFAULT_EXPERIMENT: &str = "Default";
 /// splits its batches at the same constant).
 pub use trainer::wire::MAX_POINTS_PER_BATCH;
 
-/// Largest step a point may have: 2^53. Steps from 0 to this are exact as JSON numbers in
-/// every client (a JavaScript number holds integers exactly only up to 2^53, and the dashboard
-/// charts are JavaScript), far more than any training run counts, and far enough from
-/// `i64::MAX` that step arithmetic (bucket widths, ranges) cannot overflow.
-pub const MAX_STEP: i64 = 1 << 53;
+pub use crate::validate::flatten_params;
+pub use crate::validate::inputs::RunInput;
+pub use crate::validate::limits::MAX_STEP;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Experiment {
@@ -266,16 +264,6 @@ impl Lifecycle {
     }
 }
 
-/// A dataset a run used, as an MLflow client logged it (`log-inputs`): stored once per run,
-/// name and digest, and given back as sent.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunInput {
-    pub name: String,
-    pub digest: String,
-    /// The input's JSON as the client sent it.
-    pub body: serde_json::Value,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunPage {
     pub runs: Vec<Run>,
@@ -499,40 +487,6 @@ pub async fn connect(database_url: &str) -> StoreResult<DynStore> {
     Ok(Arc::new(SqlStore::open(database_url).await?) as DynStore)
 }
 
-/// Flattens a JSON config into dotted keys: `{"training": {"lr": 0.001}}` → `training.lr = 0.001`.
-/// Arrays are kept as their JSON text.
-pub fn flatten_params(config: &serde_json::Value) -> BTreeMap<String, String> {
-    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
-        match v {
-            serde_json::Value::Object(map) => {
-                for (k, child) in map {
-                    let key = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    walk(&key, child, out);
-                }
-            }
-            serde_json::Value::String(s) => {
-                out.insert(prefix.to_string(), s.clone());
-            }
-            serde_json::Value::Null => {
-                out.insert(prefix.to_string(), String::new());
-            }
-            other => {
-                out.insert(prefix.to_string(), other.to_string());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk("", config, &mut out);
-    out
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+/// Unix time in milliseconds: the trainer's clock ([`trainer::wire::unix_ms`]), one function
+/// for both ends.
+pub use trainer::wire::unix_ms as now_ms;

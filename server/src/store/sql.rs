@@ -242,6 +242,16 @@ impl Row {
             Row::Postgres(r) => r.try_get(i),
         }
     }
+
+    /// The column named `name` in the `SELECT` (its column name, or its `AS` alias): a change
+    /// of the column list cannot shift it onto another column, as it can a position.
+    pub fn col<T: Value>(&self, name: &str) -> Result<T, sqlx::Error> {
+        use sqlx::Row as _;
+        match self {
+            Row::Sqlite(r) => r.try_get(name),
+            Row::Postgres(r) => r.try_get(name),
+        }
+    }
 }
 
 /// A pooled connection of either backend.

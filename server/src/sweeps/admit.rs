@@ -10,15 +10,21 @@ use std::collections::BTreeMap;
 
 use sweep::{Command, Params, SweepSpec};
 
+use crate::access::audit::Actor;
+use crate::access::audit::AuditAction;
 use crate::actions::launch::{self, CommandSpec, LaunchRequest, Resources};
-use crate::app::AppState;
-use crate::http::error::ApiError;
+use crate::error::Error;
+use crate::state::AppState;
+use crate::store::DEFAULT_EXPERIMENT;
+use crate::sweeps::view::SweepDetail;
 use crate::validate::limits::{config_limit_error, yaml_limit_error};
-use crate::validate::Invalid;
+use crate::validate::{Invalid, Name};
+
+use super::fields::{arg_value, shell_quote};
 
 /// A spec that cannot run is the client's mistake in the request: a 400 naming the key.
-pub fn bad(e: Invalid) -> ApiError {
-    ApiError::BadRequest {
+pub fn bad(e: Invalid) -> Error {
+    Error::Malformed {
         field: Some(e.field),
         message: e.message,
     }
@@ -51,14 +57,49 @@ pub fn parse(body: &serde_json::Value) -> Result<(serde_json::Value, SweepSpec),
     Ok((document, spec))
 }
 
+/// Admits and starts a sweep: the whole spec is checked first (every parameter path a real
+/// config key, every value it can produce a valid config), so nothing runs of a spec that
+/// could not.
+pub async fn submit(
+    state: &AppState,
+    actor: &Actor,
+    body: &serde_json::Value,
+) -> Result<SweepDetail, Error> {
+    let (document, spec) = parse(body).map_err(bad)?;
+    let experiment = Name::parse(
+        "experiment",
+        spec.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT),
+    )
+    .map_err(bad)?;
+    let principal = &actor.principal;
+    crate::access::may_add_runs(state, principal, Some(experiment.as_str())).await?;
+    check(state, &spec).await?;
+    let experiment_id =
+        crate::access::experiment_for_new_run(state, principal, Some(experiment.as_str())).await?;
+    let row = state
+        .store
+        .create_sweep(&experiment_id, &spec.name, &document, principal.user_id())
+        .await?;
+    actor
+        .record(
+            state.store.as_ref(),
+            AuditAction::SweepSubmit,
+            Some(&row.id),
+            None,
+        )
+        .await;
+    state.sweeps.start(state, &row.id);
+    Ok(super::view::detail(state, &row.id).await?)
+}
+
 /// Checks that every trial of `spec` can run here; the error names the parameter (or the base
 /// key) at fault. A string the controller would use and something downstream would refuse (a
 /// name too long for its trials' run names, a control character, a NUL from YAML text, a metric
 /// key no run can report) is a 422 (`fields`).
-pub async fn check(state: &AppState, spec: &SweepSpec) -> Result<(), ApiError> {
+pub async fn check(state: &AppState, spec: &SweepSpec) -> Result<(), Error> {
     super::fields::check(spec)?;
     if spec.base.command.is_some() && !state.settings.allow_command_launch {
-        return Err(ApiError::Forbidden {
+        return Err(Error::Forbidden {
             field: Some("base.command".into()),
             message: "a command sweep launches a custom command, which is turned off on this \
                       server; an operator can allow it with `trainyard serve \
@@ -80,7 +121,7 @@ pub async fn check(state: &AppState, spec: &SweepSpec) -> Result<(), ApiError> {
     // Loading and validating configs is CPU work: off the async workers.
     tokio::task::spawn_blocking(move || check_configs(&spec))
         .await
-        .map_err(|e| ApiError::Internal(e.into()))?
+        .map_err(Error::internal)?
         .map_err(bad)
 }
 
@@ -129,20 +170,6 @@ fn base_request(spec: &SweepSpec) -> LaunchRequest {
         working_dir: spec.base.working_dir.clone(),
         ..Default::default()
     }
-}
-
-/// How a parameter's value is written on a command line: strings as they are, everything else
-/// as JSON (numbers, booleans).
-pub(super) fn arg_value(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// `text` quoted for `sh`.
-pub(super) fn shell_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 /// The launch request of trial `number` of sweep `sweep_id` with `params`.

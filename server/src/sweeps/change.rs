@@ -10,8 +10,9 @@ use serde::Deserialize;
 
 use super::admit;
 use crate::access::audit::Actor;
-use crate::app::AppState;
-use crate::http::error::ApiError;
+use crate::access::audit::AuditAction;
+use crate::error::Error;
+use crate::state::AppState;
 use crate::store::now_ms;
 use crate::store::sweeps::{SweepRow, SweepState, TrialState, TrialUpdate};
 use crate::validate::Invalid;
@@ -31,7 +32,7 @@ pub struct SweepChange {
     pub parameters: Option<BTreeMap<String, serde_json::Value>>,
 }
 
-fn bad(field: &str, message: impl Into<String>) -> ApiError {
+fn bad(field: &str, message: impl Into<String>) -> Error {
     admit::bad(Invalid::new(field, message))
 }
 
@@ -47,10 +48,10 @@ fn edit(
     document: &serde_json::Value,
     change: &SweepChange,
     trials_so_far: usize,
-) -> Result<(serde_json::Value, Vec<String>), ApiError> {
+) -> Result<(serde_json::Value, Vec<String>), Error> {
     let mut doc = document.clone();
     let Some(map) = doc.as_object_mut() else {
-        return Err(ApiError::Internal(anyhow::anyhow!(
+        return Err(Error::Internal(anyhow::anyhow!(
             "a stored sweep spec is not an object"
         )));
     };
@@ -81,7 +82,7 @@ fn edit(
     }
     if let Some(parameters) = &change.parameters {
         let Some(existing) = map.get_mut("parameters").and_then(|p| p.as_object_mut()) else {
-            return Err(ApiError::Internal(anyhow::anyhow!(
+            return Err(Error::Internal(anyhow::anyhow!(
                 "a stored sweep spec has no parameters"
             )));
         };
@@ -114,10 +115,10 @@ pub async fn change(
     actor: &Actor,
     id: &str,
     change: SweepChange,
-) -> Result<SweepRow, ApiError> {
+) -> Result<SweepRow, Error> {
     let row = state.store.get_sweep(id).await?;
     if row.state.is_over() {
-        return Err(ApiError::Conflict {
+        return Err(Error::Conflict {
             field: Some("state".into()),
             message: format!(
                 "the sweep is {}; it cannot change any more",
@@ -127,7 +128,7 @@ pub async fn change(
     }
     if let Some(v) = change.version {
         if v != row.version {
-            return Err(ApiError::Conflict {
+            return Err(Error::Conflict {
                 field: Some("version".into()),
                 message: format!(
                     "the sweep is at version {}, not {v}; read it again and repeat the change",
@@ -137,7 +138,7 @@ pub async fn change(
         }
     }
     if super::view::spec_of(&row).is_err() {
-        return Err(ApiError::Conflict {
+        return Err(Error::Conflict {
             field: Some("spec".into()),
             message: "this server cannot read the sweep's spec, so it cannot change it; stop \
                       the sweep and submit it again"
@@ -159,7 +160,12 @@ pub async fn change(
         )
         .await?;
     actor
-        .record(state, "sweep_change", Some(id), Some(changes.join("; ")))
+        .record(
+            state.store.as_ref(),
+            AuditAction::SweepChange,
+            Some(id),
+            Some(changes.join("; ")),
+        )
         .await;
     state.sweeps.wake(id);
     state.sweeps.changed(id);
@@ -179,9 +185,9 @@ pub async fn control(
     actor: &Actor,
     id: &str,
     control: Control,
-) -> Result<SweepRow, ApiError> {
+) -> Result<SweepRow, Error> {
     let row = state.store.get_sweep(id).await?;
-    let conflict = |what: &str| ApiError::Conflict {
+    let conflict = |what: &str| Error::Conflict {
         field: Some("state".into()),
         message: format!("the sweep is {}; it cannot be {what}", row.state.as_str()),
     };
@@ -221,11 +227,13 @@ pub async fn control(
         }
     }
     let action = match control {
-        Control::Pause => "sweep_pause",
-        Control::Resume => "sweep_resume",
-        Control::Stop => "sweep_stop",
+        Control::Pause => AuditAction::SweepPause,
+        Control::Resume => AuditAction::SweepResume,
+        Control::Stop => AuditAction::SweepStop,
     };
-    actor.record(state, action, Some(id), None).await;
+    actor
+        .record(state.store.as_ref(), action, Some(id), None)
+        .await;
     state.sweeps.wake(id);
     state.sweeps.changed(id);
     Ok(state.store.get_sweep(id).await?)
@@ -239,7 +247,7 @@ pub async fn pause_sweeps_of(
     state: &AppState,
     user_id: &str,
     reason: &str,
-) -> Result<Vec<String>, ApiError> {
+) -> Result<Vec<String>, Error> {
     let mut paused = Vec::new();
     for sweep in state.store.live_sweeps().await? {
         if sweep.state != SweepState::Running || sweep.created_by.as_deref() != Some(user_id) {
@@ -258,7 +266,7 @@ pub async fn pause_sweeps_of(
 }
 
 /// Stops the runs of a stopped sweep's active trials and records them as stopped.
-async fn stop_trials(state: &AppState, id: &str) -> Result<(), ApiError> {
+async fn stop_trials(state: &AppState, id: &str) -> Result<(), Error> {
     for trial in state.store.trials(id).await? {
         if !trial.state.is_active() {
             continue;
@@ -337,7 +345,7 @@ mod tests {
         ];
         for (change, field) in cases {
             match edit(&doc(), &change, 3) {
-                Err(ApiError::BadRequest { field: Some(f), .. }) => assert_eq!(f, field),
+                Err(Error::Malformed { field: Some(f), .. }) => assert_eq!(f, field),
                 other => panic!("expected a 400 naming {field}, got {other:?}"),
             }
         }

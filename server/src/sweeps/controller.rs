@@ -22,9 +22,10 @@ use sweep::{SweepSpec, Verdict};
 use tokio::sync::{watch, Notify};
 
 use super::retry;
+use crate::access::audit::AuditAction;
 use crate::access::audit::{self, Actor};
 use crate::access::principal::{Principal, Via};
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::store::accounts::TokenScope;
 use crate::store::sweeps::{SweepRow, SweepState, TrialRow, TrialState, TrialUpdate};
 use crate::store::{now_ms, Lifecycle, RunQuery, RunStatus, SortDir, SortKey, StoreError};
@@ -70,7 +71,7 @@ pub(super) async fn run(
                 failures = failures.saturating_add(1);
                 outages = 0;
                 if failures >= retry.attempts.max(1) {
-                    match retry::give_up(&state, &id, failures, &e).await {
+                    match retry::give_up(state.store.as_ref(), &id, failures, &e).await {
                         Ok(()) => {
                             revision.send_modify(|r| *r = r.wrapping_add(1));
                             return;
@@ -100,27 +101,8 @@ struct Tick {
 /// The trials as the search sees them.
 pub(super) fn search_trials(rows: &[TrialRow], curves: &Curves) -> Vec<sweep::Trial> {
     rows.iter()
-        .map(|r| search_trial(r, curves.get(&r.number).cloned().unwrap_or_default()))
+        .map(|r| super::view::search_trial(r, curves.get(&r.number).cloned().unwrap_or_default()))
         .collect()
-}
-
-/// One trial as the search sees it, with the metric values seen so far.
-pub(super) fn search_trial(row: &TrialRow, intermediate: BTreeMap<u64, f64>) -> sweep::Trial {
-    sweep::Trial {
-        number: u32::try_from(row.number).unwrap_or(u32::MAX),
-        params: row.params.clone().into_iter().collect(),
-        // Pending trials are decided: the search counts them like running ones.
-        state: match row.state {
-            TrialState::Pending | TrialState::Running => sweep::TrialState::Running,
-            TrialState::Complete => sweep::TrialState::Complete,
-            TrialState::Pruned => sweep::TrialState::Pruned,
-            TrialState::Failed | TrialState::Stopped => sweep::TrialState::Failed,
-        },
-        value: row.value,
-        intermediate,
-        rungs: row.rungs.clone(),
-        bracket: row.bracket.and_then(|b| u32::try_from(b).ok()),
-    }
 }
 
 async fn tick(state: &AppState, id: &str, curves: &mut Curves) -> anyhow::Result<Tick> {
@@ -385,7 +367,7 @@ async fn prune(state: &AppState, run_id: &str, reason: &str) {
 /// again before every launch: a creator who was disabled or deleted launches nothing, and the
 /// sweep is paused saying so (`Err` holds that message).
 async fn actor_of(state: &AppState, sweep: &SweepRow) -> anyhow::Result<Result<Actor, String>> {
-    let local = !crate::access::principal::accounts_on(state)
+    let local = !state.settings.accounts_on()
         && state
             .settings
             .admin_token
@@ -435,10 +417,10 @@ async fn launcher_of(state: &AppState, sweep: &SweepRow) -> anyhow::Result<Optio
         .await?;
     let client = format!("sweep {}", sweep.id);
     audit::record(
-        state,
+        state.store.as_ref(),
         Some("server".into()),
         Some(&client),
-        "sweep_pause",
+        AuditAction::SweepPause,
         Some(&sweep.id),
         Some(reason),
     )
@@ -571,8 +553,10 @@ async fn launch_one(
             match crate::actions::launch_run(state, actor, request).await {
                 Ok(run) => run.id,
                 Err(e) => {
-                    let reason = format!("could not be launched: {e}");
-                    tracing::warn!(sweep = %sweep.id, trial = number, "{reason}");
+                    let reason = format!("could not be launched: {}", e.reason());
+                    // The whole cause chain for the operator; the trial keeps its reason.
+                    let error = format!("{:#}", anyhow::Error::from(e));
+                    tracing::warn!(sweep = %sweep.id, trial = number, %error, "{reason}");
                     row.state = TrialState::Failed;
                     row.reason = Some(reason);
                     row.ended_at = Some(now_ms());

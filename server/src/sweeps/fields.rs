@@ -11,7 +11,6 @@
 use serde_json::Value;
 use sweep::{Command, SweepSpec};
 
-use super::admit::{arg_value, shell_quote};
 use crate::validate::limits::{
     check_len, config_limit_error, yaml_limit_error, MAX_COMMAND_BYTES, MAX_NAME_LEN,
     MAX_OVERRIDES, MAX_OVERRIDE_VALUE_LEN, MAX_PARAM_KEY_LEN, MAX_WORKING_DIR_LEN,
@@ -276,6 +275,20 @@ fn check_base(spec: &SweepSpec) -> Result<(), Invalid> {
         ),
         _ => Ok(()),
     }
+}
+
+/// How a parameter's value is written on a command line: strings as they are, everything else
+/// as JSON (numbers, booleans).
+pub(super) fn arg_value(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `text` quoted for `sh`.
+pub(super) fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use crate::access::audit;
-use crate::app::AppState;
+use crate::access::audit::AuditAction;
 use crate::store::sweeps::SweepState;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// How a controller whose step failed tries again: after `first`, then twice as long after
 /// each further failure, never longer than `max`; after `attempts` failures in a row the sweep
@@ -56,12 +56,12 @@ const FAILURE_MESSAGE_CHARS: usize = 500;
 /// Marks sweep `id` failed after `failures` failed steps in a row, saying why (and audits it).
 /// A sweep that ended meanwhile (stopped by a user) keeps its end.
 pub(super) async fn give_up(
-    state: &AppState,
+    store: &dyn Store,
     id: &str,
     failures: u32,
     error: &anyhow::Error,
 ) -> Result<(), StoreError> {
-    if state.store.get_sweep(id).await?.state.is_over() {
+    if store.get_sweep(id).await?.state.is_over() {
         return Ok(());
     }
     // Control characters escaped: the error may quote a value of the spec.
@@ -78,17 +78,16 @@ pub(super) async fn give_up(
         })
         .collect();
     let message = format!("failed: its controller failed {failures} times in a row; last: {last}");
-    state
-        .store
+    store
         .set_sweep_state(id, SweepState::Failed, Some(&message))
         .await?;
     tracing::error!(sweep = %id, "{message}");
     let client = format!("sweep {id}");
     audit::record(
-        state,
+        store,
         Some("server".into()),
         Some(&client),
-        "sweep_fail",
+        AuditAction::SweepFail,
         Some(id),
         Some(message),
     )

@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use sweep::{Goal, SweepSpec};
 
-use crate::app::AppState;
+use crate::access::Principal;
+use crate::error::Error;
+use crate::state::AppState;
 use crate::store::sweeps::{SweepRow, SweepState, SweepVersion, TrialRow, TrialState};
 use crate::store::StoreResult;
 
@@ -266,6 +268,35 @@ async fn importance(
     Ok(value)
 }
 
+/// Summaries of the sweeps `principal` may read (of one experiment, when named).
+pub async fn list(
+    state: &AppState,
+    principal: &Principal,
+    experiment: Option<&str>,
+) -> Result<Vec<SweepSummary>, Error> {
+    let visible = principal.readable_experiments(state.store.as_ref()).await?;
+    let ids = match experiment {
+        Some(name) => {
+            let e = state
+                .store
+                .get_experiment(name)
+                .await
+                .map_err(|_| Error::NotFound(format!("experiment `{name}` not found")))?;
+            if visible.as_ref().is_some_and(|v| !v.contains(&e.id)) {
+                return Err(Error::NotFound(format!("experiment `{name}` not found")));
+            }
+            Some(vec![e.id])
+        }
+        None => visible,
+    };
+    let rows = state.store.list_sweeps(ids.as_deref()).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        out.push(summary(state, row).await?);
+    }
+    Ok(out)
+}
+
 pub async fn summary(state: &AppState, row: &SweepRow) -> StoreResult<SweepSummary> {
     let trials = state.store.trials(&row.id).await?;
     Ok(match readable_spec(row) {
@@ -302,7 +333,7 @@ pub async fn detail(state: &AppState, id: &str) -> StoreResult<SweepDetail> {
             .iter()
             .filter_map(|p| u64::try_from(p.step).ok().map(|s| (s, p.value)))
             .collect();
-        let for_search = super::controller::search_trial(t, intermediate);
+        let for_search = search_trial(t, intermediate);
         let next_rung = match &spec {
             Some(spec) if t.state.is_active() => sweep::next_rung(spec, &for_search),
             _ => None,
@@ -338,4 +369,23 @@ pub async fn detail(state: &AppState, id: &str) -> StoreResult<SweepDetail> {
         importance,
         versions: state.store.sweep_versions(id).await?,
     })
+}
+
+/// One trial as the search sees it, with the metric values seen so far.
+pub(super) fn search_trial(row: &TrialRow, intermediate: BTreeMap<u64, f64>) -> sweep::Trial {
+    sweep::Trial {
+        number: u32::try_from(row.number).unwrap_or(u32::MAX),
+        params: row.params.clone().into_iter().collect(),
+        // Pending trials are decided: the search counts them like running ones.
+        state: match row.state {
+            TrialState::Pending | TrialState::Running => sweep::TrialState::Running,
+            TrialState::Complete => sweep::TrialState::Complete,
+            TrialState::Pruned => sweep::TrialState::Pruned,
+            TrialState::Failed | TrialState::Stopped => sweep::TrialState::Failed,
+        },
+        value: row.value,
+        intermediate,
+        rungs: row.rungs.clone(),
+        bracket: row.bracket.and_then(|b| u32::try_from(b).ok()),
+    }
 }

@@ -8,7 +8,16 @@ use serde_json::{json, Map, Value};
 
 use super::limits::check_len;
 use super::Invalid;
-use crate::store::RunInput;
+
+/// A dataset a run used, as an MLflow client logged it (`log-inputs`): stored once per run,
+/// name and digest, and given back as sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunInput {
+    pub name: String,
+    pub digest: String,
+    /// The input's JSON as the client sent it.
+    pub body: serde_json::Value,
+}
 
 /// A dataset's name, in bytes (MLflow's limit).
 pub const MAX_DATASET_NAME_LEN: usize = 500;

@@ -4,6 +4,12 @@
 
 use super::Invalid;
 
+/// Largest step a point may have: 2^53. Steps from 0 to this are exact as JSON numbers in
+/// every client (a JavaScript number holds integers exactly only up to 2^53, and the dashboard
+/// charts are JavaScript), far more than any training run counts, and far enough from
+/// `i64::MAX` that step arithmetic (bucket widths, ranges) cannot overflow.
+pub const MAX_STEP: i64 = 1 << 53;
+
 /// Experiment, run and tag-key names, in bytes.
 pub const MAX_NAME_LEN: usize = 200;
 /// A run's notes, in bytes.
@@ -91,7 +97,7 @@ pub fn check_tracked_config(config: &serde_json::Value) -> Result<(), Invalid> {
     if let Some(message) = config_limit_error(config) {
         return Err(Invalid::new("config", message));
     }
-    for (key, value) in crate::store::flatten_params(config) {
+    for (key, value) in super::flatten_params(config) {
         if key.len() > MAX_PARAM_KEY_LEN {
             return Err(Invalid::new(
                 "config",

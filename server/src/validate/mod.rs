@@ -15,11 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use trainer::wire::RunPatch;
 
-use crate::store::RunStatus;
 use limits::{
     check_len, check_tracked_config, MAX_NAME_LEN, MAX_NOTES_LEN, MAX_REASON_LEN, MAX_TAGS,
     MAX_TAG_VALUE_LEN,
 };
+use trainer::wire::RunStatus;
 
 /// A value a client sent that is refused: which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -185,6 +185,37 @@ impl RunEdit {
     pub fn has_fields(&self) -> bool {
         self.name.is_some() || self.tags.is_some() || self.notes.is_some() || self.config.is_some()
     }
+}
+
+/// Flattens a JSON config into dotted keys: `{"training": {"lr": 0.001}}` → `training.lr = 0.001`.
+/// Arrays are kept as their JSON text.
+pub fn flatten_params(config: &serde_json::Value) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, child) in map {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, child, out);
+                }
+            }
+            serde_json::Value::String(s) => {
+                out.insert(prefix.to_string(), s.clone());
+            }
+            serde_json::Value::Null => {
+                out.insert(prefix.to_string(), String::new());
+            }
+            other => {
+                out.insert(prefix.to_string(), other.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", config, &mut out);
+    out
 }
 
 #[cfg(test)]

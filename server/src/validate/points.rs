@@ -1,8 +1,9 @@
 //! A batch of metric points: the rules every point meets before the store writes it (the
 //! store's `append_points` checks them, once, and refuses the whole batch on the first break).
 
+use super::limits::MAX_STEP;
 use super::Invalid;
-use crate::store::{MetricPoint, MAX_POINTS_PER_BATCH, MAX_STEP};
+use trainer::wire::{MetricPoint, MAX_POINTS_PER_BATCH};
 
 /// Longest metric key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 250;

@@ -20,7 +20,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
@@ -38,13 +38,7 @@ use server::Heartbeat;
 pub use server::{create_run, run_page, NewRun};
 use spool::Spool;
 
-/// Unix time in milliseconds.
-pub fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use crate::wire::unix_ms;
 
 /// Where and how to reach the tracking server.
 #[derive(Debug, Clone)]

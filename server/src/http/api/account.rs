@@ -6,8 +6,6 @@
 //! changes or the user is disabled. Writes that ride on the cookie carry the session's CSRF
 //! token. Token secrets are shown once, at creation; only their hash is stored.
 
-use std::time::Instant;
-
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -15,15 +13,17 @@ use axum::routing::{delete, get};
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::access::principal::{accounts_on, cookie, SESSION_COOKIE};
-use crate::access::secret::{hash_secret, new_secret, session_csrf_token};
-use crate::access::{audit, password, Principal};
+use crate::access::principal::SESSION_COOKIE;
+use crate::access::Principal;
+pub use crate::actions::accounts::{
+    end_session, issue_token, revoke, start_session, CreateToken, CreatedToken,
+};
 use crate::app::AppState;
 use crate::http::access::Client;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiJson;
-use crate::store::accounts::{ApiToken, SessionNew, TokenNew, TokenScope, User};
-use crate::store::now_ms;
+use crate::http::principal::cookie;
+use crate::store::accounts::{ApiToken, User};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -57,7 +57,7 @@ pub async fn whoami(
     Extension(principal): Extension<Principal>,
 ) -> Response {
     no_store(Json(SessionInfo {
-        accounts: accounts_on(&state),
+        accounts: state.settings.accounts_on(),
         user: principal.user().cloned(),
         csrf_token: principal.session_csrf().map(str::to_owned),
     }))
@@ -101,89 +101,6 @@ pub async fn sign_in(
     Ok(response)
 }
 
-/// Checks the password (throttled per user and per client) and creates a session: the user,
-/// the cookie secret and the CSRF token. Shared by the API and the sign-in page.
-pub async fn start_session(
-    state: &AppState,
-    client: Option<&str>,
-    name: &str,
-    password_text: &str,
-) -> Result<(User, String, String), ApiError> {
-    if !accounts_on(state) {
-        return Err(ApiError::Conflict {
-            field: None,
-            message: "this server has no accounts (start it with --auth to turn them on)".into(),
-        });
-    }
-    let client_key = client.unwrap_or("unknown");
-    let name = name.trim();
-    if let Some(wait) = state.throttle.check(name, client_key, Instant::now()) {
-        return Err(ApiError::TooManyRequests {
-            message: format!("too many failed sign-ins; try again in {wait} seconds"),
-            retry_after: wait,
-        });
-    }
-    let user = state.store.user_by_name(name).await?;
-    let hash = match &user {
-        Some(u) if !u.disabled => state.store.password_hash(&u.id).await?,
-        _ => None,
-    };
-    // Verify against a real hash even for an unknown user, so the answer's timing does not
-    // tell which names exist.
-    let candidate = password_text.to_owned();
-    let ok = tokio::task::spawn_blocking(move || match hash {
-        Some(h) => password::verify_password(&candidate, &h),
-        None => {
-            password::burn_time(&candidate);
-            false
-        }
-    })
-    .await
-    .unwrap_or(false);
-    let user = match (ok, user) {
-        (true, Some(user)) => user,
-        _ => {
-            state.throttle.failed(name, client_key, Instant::now());
-            audit::record(
-                state,
-                Some(name.to_owned()),
-                client,
-                "sign_in_failed",
-                None,
-                None,
-            )
-            .await;
-            return Err(ApiError::Unauthorized);
-        }
-    };
-    state.throttle.succeeded(name);
-    let secret = new_secret();
-    let csrf = session_csrf_token(&secret);
-    let now = now_ms();
-    let lifetime = i64::try_from(state.settings.session_max.as_millis()).unwrap_or(i64::MAX);
-    state
-        .store
-        .create_session(SessionNew {
-            id_hash: hash_secret(&secret),
-            user_id: user.id.clone(),
-            csrf_hash: hash_secret(&csrf),
-            now,
-            expires_at: now.saturating_add(lifetime),
-            client: client.map(str::to_owned),
-        })
-        .await?;
-    audit::record(
-        state,
-        Some(user.name.clone()),
-        client,
-        "sign_in",
-        None,
-        None,
-    )
-    .await;
-    Ok((user, secret, csrf))
-}
-
 /// The `Set-Cookie` value for a session secret, or one that clears the cookie.
 pub fn session_cookie(state: &AppState, secret: Option<&str>) -> HeaderValue {
     let secure = state
@@ -212,42 +129,12 @@ pub async fn sign_out(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    end_session(&state, &headers).await?;
+    end_session(&state, cookie(&headers, SESSION_COOKIE)).await?;
     let mut response = StatusCode::NO_CONTENT.into_response();
     response
         .headers_mut()
         .insert(header::SET_COOKIE, session_cookie(&state, None));
     Ok(response)
-}
-
-/// Deletes the session the request's cookie names, if any.
-pub async fn end_session(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    if let Some(secret) = cookie(headers, SESSION_COOKIE) {
-        state.store.delete_session(&hash_secret(secret)).await?;
-        // Streams this session opened end too.
-        state.access_epoch.bump();
-    }
-    Ok(())
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateToken {
-    /// What the token is for ("laptop", "CI").
-    pub name: String,
-    /// `read` (GET only) or `write` (everything the user may do). Default `write`.
-    #[serde(default)]
-    pub scope: Option<String>,
-    /// Days until the token stops working; none = until revoked.
-    #[serde(default)]
-    pub expires_in_days: Option<u32>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CreatedToken {
-    pub token: ApiToken,
-    /// The secret, shown this once: send it as `Authorization: Bearer <secret>`.
-    pub secret: String,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -292,60 +179,6 @@ pub async fn create_token(
     Ok(no_store((StatusCode::CREATED, Json(created))))
 }
 
-/// Validates a token request and stores the token (shared by the API and the account page).
-pub async fn issue_token(
-    state: &AppState,
-    principal: &Principal,
-    client: Option<&str>,
-    user: &User,
-    body: &CreateToken,
-) -> Result<CreatedToken, ApiError> {
-    let name = crate::validate::Name::parse("name", &body.name)?;
-    let scope = match body.scope.as_deref().unwrap_or("write") {
-        "read" => TokenScope::Read,
-        "write" => TokenScope::Write,
-        other => {
-            return Err(ApiError::unprocessable(
-                "scope",
-                format!("scope must be `read` or `write`, not `{other}`"),
-            ))
-        }
-    };
-    let now = now_ms();
-    let expires_at = match body.expires_in_days {
-        Some(0) => return Err(ApiError::unprocessable(
-            "expires_in_days",
-            "expires_in_days must be at least 1 (leave it out for a token that does not expire)",
-        )),
-        Some(days) => Some(now + i64::from(days) * 86_400_000),
-        None => None,
-    };
-    let secret = new_secret();
-    let token = state
-        .store
-        .create_token(TokenNew {
-            id: crate::access::secret::new_id(),
-            secret_hash: hash_secret(&secret),
-            user_id: Some(user.id.clone()),
-            run_id: None,
-            name: name.as_str().to_owned(),
-            scope,
-            created_at: now,
-            expires_at,
-        })
-        .await?;
-    audit::by(
-        state,
-        principal,
-        client,
-        "token_create",
-        Some(&token.id),
-        Some(name.as_str().to_owned()),
-    )
-    .await;
-    Ok(CreatedToken { token, secret })
-}
-
 /// Revokes one of the caller's tokens (an administrator may revoke anyone's).
 #[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "account",
     params(("id" = String, Path, description = "Token id")),
@@ -361,24 +194,4 @@ pub async fn revoke_token(
 ) -> Result<StatusCode, ApiError> {
     revoke(&state, &principal, client.as_deref(), &id).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Revokes a token the caller owns (or any, for an administrator).
-pub async fn revoke(
-    state: &AppState,
-    principal: &Principal,
-    client: Option<&str>,
-    id: &str,
-) -> Result<(), ApiError> {
-    let not_found = || ApiError::NotFound(format!("token `{id}` not found"));
-    let token = state.store.get_token(id).await?.ok_or_else(not_found)?;
-    let mine = principal.user_id().is_some() && token.user_id.as_deref() == principal.user_id();
-    if !(mine || principal.is_admin()) {
-        return Err(not_found());
-    }
-    state.store.revoke_token(id, now_ms()).await?;
-    // Streams this token opened end too.
-    state.access_epoch.bump();
-    audit::by(state, principal, client, "token_revoke", Some(id), None).await;
-    Ok(())
 }

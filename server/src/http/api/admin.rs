@@ -8,14 +8,16 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 
 use crate::access::audit::Actor;
-use crate::access::{audit, password, Principal};
+use crate::access::Principal;
+pub use crate::actions::admin::{
+    audit_page, change, create_team, create_user, hash, set_membership, AuditPage, AuditParams,
+    NewUserBody, UserChange,
+};
 use crate::app::AppState;
 use crate::http::access::Client;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::{ApiJson, ApiQuery};
-use crate::store::accounts::{AuditEntry, AuditQuery, Team, User};
-use crate::store::now_ms;
-use crate::validate::Name;
+use crate::store::accounts::{Team, User};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -43,27 +45,6 @@ pub async fn list_users(State(state): State<AppState>) -> Result<Json<UserList>,
     }))
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewUserBody {
-    pub name: String,
-    /// At least 8 characters.
-    pub password: String,
-    #[serde(default)]
-    pub admin: bool,
-}
-
-/// Hashes a password off the async threads (argon2 takes tens of milliseconds on purpose).
-pub async fn hash(password_text: &str) -> Result<String, ApiError> {
-    password::check_strength(password_text)
-        .map_err(|reason| ApiError::unprocessable("password", reason))?;
-    let text = password_text.to_owned();
-    tokio::task::spawn_blocking(move || password::hash_password(&text))
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))?
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("hashing a password: {e}")))
-}
-
 /// Adds a user.
 #[utoipa::path(post, path = "/api/v1/users", tag = "admin",
     request_body = NewUserBody,
@@ -80,46 +61,6 @@ pub async fn add_user(
 ) -> Result<(StatusCode, Json<User>), ApiError> {
     let user = create_user(&state, &principal, client.as_deref(), &body).await?;
     Ok((StatusCode::CREATED, Json(user)))
-}
-
-/// Adds a user (shared by the API and the users page).
-pub async fn create_user(
-    state: &AppState,
-    principal: &Principal,
-    client: Option<&str>,
-    body: &NewUserBody,
-) -> Result<User, ApiError> {
-    let name = Name::parse("name", &body.name)?;
-    let hash = hash(&body.password).await?;
-    let user = state
-        .store
-        .create_user(name.as_str(), Some(&hash), body.admin)
-        .await?;
-    let detail = body.admin.then(|| "admin".to_owned());
-    audit::by(
-        state,
-        principal,
-        client,
-        "user_add",
-        Some(&user.name),
-        detail,
-    )
-    .await;
-    Ok(user)
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct UserChange {
-    /// A disabled user cannot sign in; their sessions, tokens and open event streams end, and
-    /// their running sweeps are paused.
-    #[serde(default)]
-    pub disabled: Option<bool>,
-    #[serde(default)]
-    pub admin: Option<bool>,
-    /// A new password; every session of the user ends.
-    #[serde(default)]
-    pub password: Option<String>,
 }
 
 /// Disables or enables a user, makes them an administrator or not, or sets their password.
@@ -140,59 +81,6 @@ pub async fn change_user(
 ) -> Result<Json<User>, ApiError> {
     let user = change(&state, &principal, client.as_deref(), &name, &body).await?;
     Ok(Json(user))
-}
-
-/// Applies a [`UserChange`] (shared by the API and the users page).
-pub async fn change(
-    state: &AppState,
-    principal: &Principal,
-    client: Option<&str>,
-    name: &str,
-    body: &UserChange,
-) -> Result<User, ApiError> {
-    let user = state
-        .store
-        .user_by_name(name)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no user named `{name}`")))?;
-    let who = Some(user.name.as_str());
-    if let Some(text) = &body.password {
-        let hash = hash(text).await?;
-        state.store.set_password(&user.id, &hash, now_ms()).await?;
-        // Their sessions ended: so do the streams those sessions opened.
-        state.access_epoch.bump();
-        audit::by(state, principal, client, "user_password", who, None).await;
-    }
-    if let Some(disabled) = body.disabled {
-        if disabled && principal.user_id() == Some(user.id.as_str()) {
-            return Err(ApiError::unprocessable(
-                "disabled",
-                "you cannot disable yourself (another administrator can)",
-            ));
-        }
-        state.store.set_user_disabled(&user.id, disabled).await?;
-        let action = if disabled {
-            "user_disable"
-        } else {
-            "user_enable"
-        };
-        audit::by(state, principal, client, action, who, None).await;
-        if disabled {
-            state.access_epoch.bump();
-            let reason = format!("paused: its creator {} was disabled", user.name);
-            for id in crate::sweeps::change::pause_sweeps_of(state, &user.id, &reason).await? {
-                let detail = Some(reason.clone());
-                audit::by(state, principal, client, "sweep_pause", Some(&id), detail).await;
-            }
-        }
-    }
-    if let Some(admin) = body.admin {
-        state.store.set_user_admin(&user.id, admin).await?;
-        state.access_epoch.bump();
-        let detail = Some(if admin { "admin" } else { "not admin" }.to_owned());
-        audit::by(state, principal, client, "user_admin", who, detail).await;
-    }
-    Ok(state.store.get_user(&user.id).await?)
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -233,33 +121,6 @@ pub async fn add_team(
     Ok((StatusCode::CREATED, Json(team)))
 }
 
-/// Creates a team (shared by the API and the users page).
-pub async fn create_team(
-    state: &AppState,
-    principal: &Principal,
-    client: Option<&str>,
-    name: &str,
-) -> Result<Team, ApiError> {
-    let name = Name::parse("name", name)?;
-    let team = state.store.create_team(name.as_str()).await?;
-    audit::by(state, principal, client, "team_add", Some(&team.name), None).await;
-    Ok(team)
-}
-
-async fn team_and_user(state: &AppState, team: &str, user: &str) -> Result<(Team, User), ApiError> {
-    let team = state
-        .store
-        .get_team(team)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no team `{team}`")))?;
-    let user = state
-        .store
-        .user_by_name(user)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no user named `{user}`")))?;
-    Ok((team, user))
-}
-
 /// Adds a user to a team.
 #[utoipa::path(put, path = "/api/v1/teams/{id}/members/{user}", tag = "admin",
     params(("id" = String, Path, description = "Team id or name"),
@@ -294,56 +155,6 @@ pub async fn remove_member(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Adds a user to a team or removes them (shared by the API and the users page).
-pub async fn set_membership(
-    state: &AppState,
-    actor: &Actor,
-    team: &str,
-    user: &str,
-    member: bool,
-) -> Result<(), ApiError> {
-    let (team, user) = team_and_user(state, team, user).await?;
-    let detail = if member {
-        state.store.add_team_member(&team.id, &user.id).await?;
-        format!("added {}", user.name)
-    } else {
-        state.store.remove_team_member(&team.id, &user.id).await?;
-        state.access_epoch.bump();
-        format!("removed {}", user.name)
-    };
-    actor
-        .record(state, "team_member", Some(&team.name), Some(detail))
-        .await;
-    Ok(())
-}
-
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct AuditParams {
-    /// Only entries by this actor (a user name, `admin-token`, `run:<id>`, `cli`).
-    pub actor: Option<String>,
-    /// Only this action, e.g. `sign_in_failed`, `run_stop`, `grant_set`.
-    pub action: Option<String>,
-    /// Only entries about this target (a run id, user or experiment name).
-    pub target: Option<String>,
-    /// Unix milliseconds, inclusive.
-    pub since: Option<i64>,
-    /// Unix milliseconds, exclusive.
-    pub until: Option<i64>,
-    /// Entries older than this seq (the previous page's `next_before`).
-    pub before: Option<i64>,
-    /// 1..=1000, default 100.
-    pub limit: Option<usize>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct AuditPage {
-    /// Newest first.
-    pub entries: Vec<AuditEntry>,
-    /// Pass as `before` for the next (older) page; null on the last page.
-    pub next_before: Option<i64>,
-}
-
 /// The audit log, newest first, filterable.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "admin",
     params(AuditParams),
@@ -356,35 +167,4 @@ pub async fn list_audit(
     ApiQuery(params): ApiQuery<AuditParams>,
 ) -> Result<Json<AuditPage>, ApiError> {
     Ok(Json(audit_page(&state, params).await?))
-}
-
-/// One page of the audit log (shared by the API and the audit page).
-pub async fn audit_page(state: &AppState, params: AuditParams) -> Result<AuditPage, ApiError> {
-    let limit = params.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "limit",
-            "limit must be between 1 and 1000",
-        ));
-    }
-    let query = AuditQuery {
-        actor: params.actor.filter(|s| !s.is_empty()),
-        action: params.action.filter(|s| !s.is_empty()),
-        target: params.target.filter(|s| !s.is_empty()),
-        since: params.since,
-        until: params.until,
-        before_seq: params.before,
-        limit: limit + 1,
-    };
-    let mut entries = state.store.list_audit(&query).await?;
-    let next_before = if entries.len() > limit {
-        entries.truncate(limit);
-        entries.last().map(|e| e.seq)
-    } else {
-        None
-    };
-    Ok(AuditPage {
-        entries,
-        next_before,
-    })
 }

@@ -6,7 +6,7 @@
 
 pub mod axis;
 pub mod layout;
-pub mod pool;
+pub use crate::chart_pool as pool;
 pub mod render;
 
 use axum::extract::{Path, State};

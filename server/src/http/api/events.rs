@@ -36,6 +36,7 @@ use crate::access::Principal;
 use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
+use crate::live::names;
 use crate::live::{RunMessage, RunSubscription, StreamRefusal, StreamSlot};
 use crate::store::{RunEvent, StoreError, StoredPoint};
 
@@ -255,10 +256,7 @@ pub async fn run_events(
     Ok(Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }
 
-/// Name of the event that ends a run stream on a server-side failure. Not `error`: in the
-/// browser that name is EventSource's own connection-error event, which a listener could not
-/// tell apart from this one.
-pub const STREAM_ERROR: &str = "stream_error";
+pub use crate::live::names::STREAM_ERROR;
 
 /// The last event of a run stream the server had to end (the cause is logged, never sent).
 fn stream_error() -> Event {
@@ -374,7 +372,7 @@ async fn send_points(
             run_id,
             points: chunk,
         };
-        send(tx, "points", &data, *position).await?;
+        send(tx, names::POINTS, &data, *position).await?;
     }
     Ok(())
 }
@@ -385,7 +383,7 @@ async fn send_status(
     tx: &mpsc::Sender<Event>,
 ) -> Result<(), StreamEnd> {
     position.event_seq = Some(position.event_seq.map_or(event.seq, |s| s.max(event.seq)));
-    send(tx, "status", event, *position).await
+    send(tx, names::STATUS, event, *position).await
 }
 
 async fn send<T: Serialize>(
@@ -438,11 +436,11 @@ pub async fn all_events(
                 None => continue,
                 Some(Ok(run_event)) if !access.may_read_run(&run_event.run_id).await => continue,
                 Some(Ok(run_event)) => Event::default()
-                    .event("status")
+                    .event(names::STATUS)
                     .id(format!("e{}", run_event.seq))
                     .json_data(run_event.as_ref()),
                 Some(Err(broadcast::error::RecvError::Lagged(missed))) => Event::default()
-                    .event("lagged")
+                    .event(names::LAGGED)
                     .json_data(serde_json::json!({ "missed": missed })),
                 Some(Err(broadcast::error::RecvError::Closed)) => return,
             };
@@ -462,8 +460,9 @@ pub async fn all_events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::app::{AppState, Settings};
+    use crate::app::AppState;
     use crate::ingest::ingest_points;
+    use crate::settings::Settings;
     use crate::store::{MetricPoint, NewRun};
 
     #[tokio::test]

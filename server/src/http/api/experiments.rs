@@ -7,7 +7,10 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
+use crate::access::audit::AuditAction;
 use crate::access::{audit, Principal};
+use crate::actions::sharing::parse_level;
+pub use crate::actions::sharing::{apply_grant, GrantChange};
 use crate::app::AppState;
 use crate::http::access::Client;
 use crate::http::error::{ApiError, ErrorBody};
@@ -79,9 +82,7 @@ pub async fn list_experiments(
         .store
         .list_experiments(crate::store::Lifecycle::Active)
         .await?;
-    if let Some(readable) = principal.readable_experiments(&state).await? {
-        experiments.retain(|e| readable.contains(&e.id));
-    }
+    crate::access::retain_readable(state.store.as_ref(), &principal, &mut experiments).await?;
     Ok(Json(ExperimentList { experiments }))
 }
 
@@ -138,10 +139,10 @@ pub async fn change_experiment(
         state.access_epoch.bump();
         let detail = Some(format!("default level {}", level.as_str()));
         audit::by(
-            &state,
+            state.store.as_ref(),
             &principal,
             client.as_deref(),
-            "grant_set",
+            AuditAction::GrantSet,
             Some(&experiment.name),
             detail,
         )
@@ -155,35 +156,16 @@ pub async fn change_experiment(
             .await?;
         let detail = Some(format!("renamed to {}", name.as_str()));
         audit::by(
-            &state,
+            state.store.as_ref(),
             &principal,
             client.as_deref(),
-            "experiment_rename",
+            AuditAction::ExperimentRename,
             Some(&experiment.name),
             detail,
         )
         .await;
     }
     Ok(Json(state.store.get_experiment(&experiment.id).await?))
-}
-
-/// A level named in a request, at most `max`.
-fn parse_level(field: &str, text: &str, max: Level) -> Result<Level, ApiError> {
-    match Level::parse(text) {
-        Some(level) if level <= max => Ok(level),
-        _ => {
-            let allowed = [Level::None, Level::Read, Level::Edit, Level::Manage]
-                .into_iter()
-                .filter(|l| *l <= max)
-                .map(Level::as_str)
-                .collect::<Vec<_>>()
-                .join(", ");
-            Err(ApiError::unprocessable(
-                field,
-                format!("{field} must be one of {allowed}, not `{text}`"),
-            ))
-        }
-    }
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -215,19 +197,6 @@ pub async fn list_grants(
     }))
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GrantChange {
-    /// A user name (give this or `team`).
-    #[serde(default)]
-    pub user: Option<String>,
-    /// A team name (give this or `user`).
-    #[serde(default)]
-    pub team: Option<String>,
-    /// `none` (removes the grant), `read`, `edit` or `manage`.
-    pub level: String,
-}
-
 /// Grants a user or team a level on the experiment (MANAGE); `none` removes the grant.
 #[utoipa::path(put, path = "/api/v1/experiments/{id}/grants", tag = "experiments",
     params(("id" = String, Path, description = "Experiment id or name")),
@@ -247,56 +216,4 @@ pub async fn set_grant(
     let experiment = state.store.get_experiment(&id).await?;
     apply_grant(&state, &principal, client.as_deref(), &experiment, &body).await?;
     list_grants(State(state), Path(experiment.id)).await
-}
-
-/// Applies a [`GrantChange`] (shared by the API and the sharing page).
-pub async fn apply_grant(
-    state: &AppState,
-    principal: &Principal,
-    client: Option<&str>,
-    experiment: &Experiment,
-    body: &GrantChange,
-) -> Result<(), ApiError> {
-    let level = parse_level("level", &body.level, Level::Manage)?;
-    let (kind, subject_id, label) = match (&body.user, &body.team) {
-        (Some(user), None) => {
-            let u = state
-                .store
-                .user_by_name(user)
-                .await?
-                .ok_or_else(|| ApiError::NotFound(format!("no user named `{user}`")))?;
-            ("user", u.id, format!("user {}", u.name))
-        }
-        (None, Some(team)) => {
-            let t = state
-                .store
-                .get_team(team)
-                .await?
-                .ok_or_else(|| ApiError::NotFound(format!("no team `{team}`")))?;
-            ("team", t.id, format!("team {}", t.name))
-        }
-        _ => {
-            return Err(ApiError::unprocessable(
-                "user",
-                "name exactly one of `user` and `team`",
-            ))
-        }
-    };
-    state
-        .store
-        .set_grant(&experiment.id, kind, &subject_id, level)
-        .await?;
-    // Open streams of whoever lost access stop at once (`access::revocation`).
-    state.access_epoch.bump();
-    let detail = Some(format!("{label}: {}", level.as_str()));
-    audit::by(
-        state,
-        principal,
-        client,
-        "grant_set",
-        Some(&experiment.name),
-        detail,
-    )
-    .await;
-    Ok(())
 }

@@ -26,6 +26,7 @@ use crate::http::api::events::{stream_slot, PeerAddr};
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiQuery;
 use crate::launcher::logs::{read_from, read_tail, LogEvent, LogFollower, LogSlice};
+use crate::live::names;
 use crate::live::StreamSlot;
 
 /// How often a follower re-checks whether the run has ended (covers runs stopped while queued).
@@ -152,7 +153,7 @@ pub async fn get_logs(
 
 fn log_event(offset: u64, text: &str) -> Event {
     let body = serde_json::json!({ "offset": offset, "text": text });
-    Event::default().event("log").data(body.to_string())
+    Event::default().event(names::LOG).data(body.to_string())
 }
 
 struct Follow {
@@ -199,7 +200,7 @@ impl Follow {
         self.done = true;
         let status = self.ended().await.unwrap_or_else(|| "unknown".into());
         let body = serde_json::json!({ "status": status });
-        Some(Event::default().event("end").data(body.to_string()))
+        Some(Event::default().event(names::END).data(body.to_string()))
     }
 
     async fn next(&mut self) -> Option<Event> {

@@ -18,7 +18,7 @@ use crate::app::AppState;
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::{ApiJson, ApiQuery};
 use crate::search::SearchParams;
-use crate::store::{ExitInfo, LatestMetric, NewRun, Run, RunStatus, DEFAULT_EXPERIMENT};
+use crate::store::{ExitInfo, LatestMetric, Run, RunStatus, DEFAULT_EXPERIMENT};
 use crate::validate::limits::{preview, LIST_NOTES_LEN};
 use crate::validate::{tracked_config, Invalid, Name, RunEdit, Tags};
 
@@ -261,20 +261,14 @@ pub async fn create_run(
     let tags = Tags::parse(body.tags)?;
     let experiment_id =
         crate::access::experiment_for_new_run(&state, principal, Some(experiment.as_str())).await?;
-    let run = state
-        .store
-        .create_run(NewRun {
-            experiment_id,
-            name: name.map(Name::into_string),
-            config,
-            tags: tags.into_inner(),
-            status: None,
-            created_by: principal.user_id().map(str::to_owned),
-        })
-        .await?;
-    actor
-        .record(&state, "run_create", Some(&run.id), None)
-        .await;
+    let tracked = crate::actions::TrackedRun {
+        experiment_id,
+        name: name.map(Name::into_string),
+        config,
+        tags: tags.into_inner(),
+        ..Default::default()
+    };
+    let run = crate::actions::create_run(&state, &actor, tracked).await?;
     Ok((StatusCode::CREATED, Json(run)))
 }
 

@@ -25,11 +25,9 @@ use crate::app::AppState;
 use crate::http::api::events::{stream_slot, PeerAddr};
 use crate::http::error::{ApiError, ErrorBody};
 use crate::http::extract::ApiJson;
-use crate::store::DEFAULT_EXPERIMENT;
 use crate::sweeps::change::{Control, SweepChange};
 use crate::sweeps::view::{SweepDetail, SweepSummary};
 use crate::sweeps::{admit, change, view};
-use crate::validate::Name;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -61,36 +59,6 @@ pub struct ListParams {
     pub experiment: Option<String>,
 }
 
-/// Admits and starts a sweep: the whole spec is checked first (every parameter path a real
-/// config key, every value it can produce a valid config), so nothing runs of a spec that
-/// could not.
-pub async fn submit(
-    state: &AppState,
-    actor: &Actor,
-    body: &serde_json::Value,
-) -> Result<SweepDetail, ApiError> {
-    let (document, spec) = admit::parse(body).map_err(admit::bad)?;
-    let experiment = Name::parse(
-        "experiment",
-        spec.experiment.as_deref().unwrap_or(DEFAULT_EXPERIMENT),
-    )
-    .map_err(admit::bad)?;
-    let principal = &actor.principal;
-    crate::access::may_add_runs(state, principal, Some(experiment.as_str())).await?;
-    admit::check(state, &spec).await?;
-    let experiment_id =
-        crate::access::experiment_for_new_run(state, principal, Some(experiment.as_str())).await?;
-    let row = state
-        .store
-        .create_sweep(&experiment_id, &spec.name, &document, principal.user_id())
-        .await?;
-    actor
-        .record(state, "sweep_submit", Some(&row.id), None)
-        .await;
-    state.sweeps.start(state, &row.id);
-    Ok(view::detail(state, &row.id).await?)
-}
-
 /// Starts a sweep.
 #[utoipa::path(post, path = "/api/v1/sweeps", tag = "sweeps",
     request_body = SubmitSweep,
@@ -106,7 +74,7 @@ pub async fn submit_sweep(
     actor: Actor,
     ApiJson(body): ApiJson<SubmitSweep>,
 ) -> Result<(StatusCode, Json<SweepDetail>), ApiError> {
-    let detail = submit(&state, &actor, &body.spec).await?;
+    let detail = admit::submit(&state, &actor, &body.spec).await?;
     Ok((StatusCode::CREATED, Json(detail)))
 }
 
@@ -121,37 +89,8 @@ pub async fn list_sweeps(
     Query(params): Query<ListParams>,
 ) -> Result<Json<SweepList>, ApiError> {
     Ok(Json(SweepList {
-        sweeps: list(&state, &principal, params.experiment.as_deref()).await?,
+        sweeps: view::list(&state, &principal, params.experiment.as_deref()).await?,
     }))
-}
-
-/// Summaries of the sweeps `principal` may read (of one experiment, when named).
-pub async fn list(
-    state: &AppState,
-    principal: &Principal,
-    experiment: Option<&str>,
-) -> Result<Vec<SweepSummary>, ApiError> {
-    let visible = principal.readable_experiments(state).await?;
-    let ids = match experiment {
-        Some(name) => {
-            let e = state
-                .store
-                .get_experiment(name)
-                .await
-                .map_err(|_| ApiError::NotFound(format!("experiment `{name}` not found")))?;
-            if visible.as_ref().is_some_and(|v| !v.contains(&e.id)) {
-                return Err(ApiError::NotFound(format!("experiment `{name}` not found")));
-            }
-            Some(vec![e.id])
-        }
-        None => visible,
-    };
-    let rows = state.store.list_sweeps(ids.as_deref()).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in &rows {
-        out.push(view::summary(state, row).await?);
-    }
-    Ok(out)
 }
 
 /// One sweep: spec, state, best trial, every trial (params, objective, step, next rung,
@@ -275,7 +214,10 @@ pub async fn sweep_events(
                 return;
             }
             let over = detail.summary.state.is_over();
-            let event = match Event::default().event("sweep").json_data(&detail) {
+            let event = match Event::default()
+                .event(crate::live::names::SWEEP)
+                .json_data(&detail)
+            {
                 Ok(event) => event,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot encode a sweep event");

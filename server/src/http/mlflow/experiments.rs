@@ -10,6 +10,7 @@ use super::filter::{experiment_order, ExperimentFilter};
 use super::wire::{self, KeyValue};
 use super::{Caller, Fields, MlflowError, MlflowResult};
 use crate::access::audit::Actor;
+use crate::access::audit::AuditAction;
 use crate::app::AppState;
 use crate::store::{Experiment, Lifecycle, SortDir, StoreError};
 use crate::validate::limits::check_len;
@@ -84,7 +85,12 @@ async fn create(
             .await?;
     }
     actor
-        .record(&state, "experiment_create", Some(&experiment.id), None)
+        .record(
+            state.store.as_ref(),
+            AuditAction::ExperimentCreate,
+            Some(&experiment.id),
+            None,
+        )
         .await;
     Ok(Json(json!({"experiment_id": experiment.id})))
 }
@@ -216,9 +222,8 @@ async fn search(
             .map_err(|_| MlflowError::invalid("page_token", "not a token this server gave"))?,
     };
     let mut experiments = state.store.list_experiments(view).await?;
-    if let Some(readable) = caller.principal.readable_experiments(&state).await? {
-        experiments.retain(|e| readable.contains(&e.id));
-    }
+    crate::access::retain_readable(state.store.as_ref(), &caller.principal, &mut experiments)
+        .await?;
     experiments.retain(|e| filter.matches(e));
     experiments.sort_by(|a, b| {
         for (key, dir) in &order {
@@ -305,11 +310,13 @@ async fn mark_deleted(
     let e = by_id(state, caller, id).await?;
     state.store.set_experiment_deleted(&e.id, deleted).await?;
     let action = if deleted {
-        "experiment_delete"
+        AuditAction::ExperimentDelete
     } else {
-        "experiment_restore"
+        AuditAction::ExperimentRestore
     };
-    actor.record(state, action, Some(&e.id), None).await;
+    actor
+        .record(state.store.as_ref(), action, Some(&e.id), None)
+        .await;
     Ok(Json(json!({})))
 }
 

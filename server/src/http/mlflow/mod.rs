@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 
-use crate::access::{self, policy, Denied, Principal, Rule};
+use crate::access::{self, policy, Principal, Rule};
 use crate::app::AppState;
 use crate::http::error::ApiError;
 use crate::store::StoreError;
@@ -192,8 +192,8 @@ impl From<StoreError> for MlflowError {
     }
 }
 
-impl From<Denied> for MlflowError {
-    fn from(d: Denied) -> Self {
+impl From<crate::error::Error> for MlflowError {
+    fn from(d: crate::error::Error) -> Self {
         ApiError::from(d).into()
     }
 }

@@ -14,10 +14,11 @@ use super::filter::{run_filter, run_order};
 use super::wire::{self, KeyValue, MlflowStatus, NOTE_TAG, RUN_NAME_TAG};
 use super::{Caller, Fields, MlflowError, MlflowResult};
 use crate::access::audit::Actor;
+use crate::access::audit::AuditAction;
 use crate::app::AppState;
 use crate::status::{change_status, Actor as StatusActor};
 use crate::store::accounts::RunAccess;
-use crate::store::{NewRun, Run, RunQuery, RunStatus, RunUpdate, SortDir, SortKey, StoreError};
+use crate::store::{Run, RunQuery, RunUpdate, SortDir, SortKey, StoreError};
 use crate::validate::limits::{check_len, MAX_NOTES_LEN};
 use crate::validate::Name;
 
@@ -198,32 +199,15 @@ async fn create(
         Some(n) => Some(Name::parse("run_name", &n)?.into_string()),
         None => None,
     };
-    let new = NewRun {
+    let tracked = crate::actions::TrackedRun {
         experiment_id: experiment.id,
         name,
-        config: None,
         tags: update.tags.take().unwrap_or_default(),
-        status: Some(RunStatus::Created),
-        created_by: caller.principal.user_id().map(str::to_owned),
+        notes: update.notes.take(),
+        started: Some("started by an MLflow client"),
+        ..Default::default()
     };
-    let run = state.store.create_run(new).await?;
-    if update.notes.is_some() {
-        state.store.update_run(&run.id, update).await?;
-    }
-    change_status(
-        state.store.as_ref(),
-        &state.live,
-        &run.id,
-        RunStatus::Running,
-        Some("started by an MLflow client"),
-        None,
-        StatusActor::Client,
-    )
-    .await?;
-    actor
-        .record(&state, "run_create", Some(&run.id), None)
-        .await;
-    let run = state.store.get_run(&run.id).await?;
+    let run = crate::actions::create_run(&state, &actor, tracked).await?;
     Ok(Json(json!({"run": wire::run(&run, &[])})))
 }
 
@@ -315,11 +299,13 @@ async fn mark_deleted(
     caller.may(state, id).await?;
     state.store.set_run_deleted(id, deleted).await?;
     let action = if deleted {
-        "run_soft_delete"
+        AuditAction::RunSoftDelete
     } else {
-        "run_restore"
+        AuditAction::RunRestore
     };
-    actor.record(state, action, Some(id), None).await;
+    actor
+        .record(state.store.as_ref(), action, Some(id), None)
+        .await;
     Ok(Json(json!({})))
 }
 
@@ -363,7 +349,11 @@ async fn search(
         return Ok(Json(json!({})));
     }
     let mut experiments = q.experiment_ids;
-    if let Some(readable) = caller.principal.readable_experiments(&state).await? {
+    if let Some(readable) = caller
+        .principal
+        .readable_experiments(state.store.as_ref())
+        .await?
+    {
         experiments.retain(|e| readable.contains(e));
     }
     let query = RunQuery {

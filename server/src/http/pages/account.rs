@@ -10,11 +10,13 @@ use serde::Deserialize;
 
 use super::next::same_origin_path;
 use super::{html, PageError, PageResult};
-use crate::access::principal::accounts_on;
+use crate::access::principal::SESSION_COOKIE;
 use crate::access::Principal;
+use crate::actions::accounts::{self as actions, CreateToken};
 use crate::app::AppState;
 use crate::http::access::Client;
-use crate::http::api::account::{self, CreateToken};
+use crate::http::api::account;
+use crate::http::principal::cookie;
 use crate::http::ApiError;
 use crate::store::accounts::ApiToken;
 
@@ -42,7 +44,7 @@ pub(super) async fn sign_in_form(
     let next = query.map(|Query(q)| q.next).unwrap_or_default();
     html(SignInPage {
         nav: "",
-        accounts: accounts_on(&state),
+        accounts: state.settings.accounts_on(),
         name: String::new(),
         next: same_origin_path(&next),
         error: None,
@@ -63,7 +65,10 @@ pub(super) async fn sign_in(
     Form(f): Form<SignInForm>,
 ) -> PageResult {
     let next = same_origin_path(&f.next);
-    match account::start_session(&state, client.as_deref(), &f.name, &f.password).await {
+    match actions::start_session(&state, client.as_deref(), &f.name, &f.password)
+        .await
+        .map_err(ApiError::from)
+    {
         Ok((_, secret, _)) => {
             let mut response = Redirect::to(&next).into_response();
             response.headers_mut().insert(
@@ -80,7 +85,7 @@ pub(super) async fn sign_in(
             };
             let page = SignInPage {
                 nav: "",
-                accounts: accounts_on(&state),
+                accounts: state.settings.accounts_on(),
                 name: f.name,
                 next,
                 error: Some(message),
@@ -92,7 +97,7 @@ pub(super) async fn sign_in(
 }
 
 pub(super) async fn sign_out(State(state): State<AppState>, headers: HeaderMap) -> PageResult {
-    account::end_session(&state, &headers).await?;
+    actions::end_session(&state, cookie(&headers, SESSION_COOKIE)).await?;
     let mut response = Redirect::to("/sign-in").into_response();
     response
         .headers_mut()
@@ -202,8 +207,9 @@ pub(super) async fn create_token(
                 scope: Some(f.scope).filter(|s| !s.is_empty()),
                 expires_in_days,
             };
-            account::issue_token(&state, &principal, client.as_deref(), user, &body)
+            actions::issue_token(&state, &principal, client.as_deref(), user, &body)
                 .await
+                .map_err(ApiError::from)
                 .map_err(|e| match e {
                     e if e.status().is_client_error() => e.to_string(),
                     e => format!("internal: {e}"),
@@ -231,6 +237,6 @@ pub(super) async fn revoke_token(
     Client(client): Client,
     Path(id): Path<String>,
 ) -> PageResult {
-    account::revoke(&state, &principal, client.as_deref(), &id).await?;
+    actions::revoke(&state, &principal, client.as_deref(), &id).await?;
     Ok(Redirect::to("/account").into_response())
 }

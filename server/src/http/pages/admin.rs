@@ -10,10 +10,10 @@ use serde::Deserialize;
 use super::{html, PageResult};
 use crate::access::audit::Actor;
 use crate::access::Principal;
+use crate::actions::admin::{self, AuditParams, NewUserBody, UserChange};
+use crate::actions::sharing::{apply_grant, GrantChange};
 use crate::app::AppState;
 use crate::http::access::Client;
-use crate::http::api::admin::{self, AuditParams, NewUserBody, UserChange};
-use crate::http::api::experiments::{apply_grant, GrantChange};
 use crate::store::accounts::{Level, Team, User};
 
 #[derive(Template)]
@@ -223,7 +223,10 @@ pub(super) async fn sharing(
     let experiment = state.store.get_experiment(&id).await?;
     let sharing = state.store.experiment_sharing(&experiment.id).await?;
     let grants = state.store.list_grants(&experiment.id).await?;
-    let manage = principal.level_on(&state, &experiment.id).await? >= Level::Manage;
+    let manage = principal
+        .level_on(state.store.as_ref(), &experiment.id)
+        .await?
+        >= Level::Manage;
     html(SharingPage {
         nav: "runs",
         experiment_id: experiment.id,

@@ -6,8 +6,8 @@ use super::views::{
     enc, fmt_bytes, fmt_time, fmt_value, CheckpointRow, PanelRun, RunPanels, SamplePage,
 };
 use super::{check_run_id, html, PageError, PageResult};
+use crate::actions::sample::{sample_text, SampleRequest};
 use crate::app::AppState;
-use crate::http::api::checkpoints::{sample_text, SampleRequest};
 use axum::extract::{Form, Path, State};
 use serde::Deserialize;
 
@@ -120,7 +120,10 @@ pub async fn sample(
         seed: None,
     };
     let mut view = page(&id, &name, &f);
-    match sample_text(&state, &id, &name, &request).await {
+    match sample_text(&state, &id, &name, &request)
+        .await
+        .map_err(crate::http::ApiError::from)
+    {
         Ok(out) => view.output = Some(format!("{}{}", f.prompt, out.text)),
         Err(e) if e.status().is_client_error() && e.status().as_u16() != 404 => {
             view.error = Some(e.to_string())

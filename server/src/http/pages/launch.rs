@@ -66,7 +66,8 @@ async fn experiment_choices(
     state: &AppState,
     principal: &Principal,
 ) -> StoreResult<(Vec<String>, String)> {
-    let editable = crate::access::experiments_at(state, principal, Level::Edit).await?;
+    let editable =
+        crate::access::experiments_at(state.store.as_ref(), principal, Level::Edit).await?;
     let mut experiments = state.store.list_experiments(Lifecycle::Active).await?;
     if let Some(ids) = &editable {
         experiments.retain(|e| ids.contains(&e.id));
@@ -236,7 +237,10 @@ pub async fn submit(
         .map_err(crate::http::ApiError::from)?;
     let problem = match request_of(&f) {
         Err(problem) => problem,
-        Ok(request) => match actions::launch_run(&state, &actor, request).await {
+        Ok(request) => match actions::launch_run(&state, &actor, request)
+            .await
+            .map_err(crate::http::ApiError::from)
+        {
             Ok(run) => return Ok(Redirect::to(&format!("/runs/{}", run.id)).into_response()),
             Err(e) if e.status().is_client_error() => {
                 let message = e.to_string();

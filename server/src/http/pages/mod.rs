@@ -57,6 +57,12 @@ impl From<ApiError> for PageError {
     }
 }
 
+impl From<crate::error::Error> for PageError {
+    fn from(e: crate::error::Error) -> Self {
+        ApiError::from(e).into()
+    }
+}
+
 impl From<StoreError> for PageError {
     fn from(e: StoreError) -> Self {
         ApiError::from(e).into()

@@ -45,7 +45,7 @@ pub(super) async fn runs_of_experiment(
 pub async fn runs_table(state: &AppState, principal: &Principal, p: RunsParams) -> PageResult {
     // Only what the caller may read: experiments in the picker, runs in the table (filtered
     // in the query, before pagination).
-    let visible = principal.readable_experiments(state).await?;
+    let visible = principal.readable_experiments(state.store.as_ref()).await?;
     let mut experiments = state
         .store
         .list_experiments(crate::store::Lifecycle::Active)
@@ -245,8 +245,8 @@ fn run_row(
     metrics: &[String],
     best: &BTreeMap<(String, String), f64>,
     now: i64,
-) -> RunRow {
-    RunRow {
+) -> RunsTableRow {
+    RunsTableRow {
         id: r.id.clone(),
         short_id: r.id.chars().take(8).collect(),
         name: r.name.clone(),

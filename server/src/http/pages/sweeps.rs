@@ -1,7 +1,7 @@
 //! The sweep pages: the list of sweeps, one sweep (its header and trials table rendered here,
 //! made live and charted by `static/sweep.js` from the sweep's event stream), and the form that
 //! submits a new sweep. Pages read sweeps through the same functions the API answers with
-//! (`http::api::sweeps::{list, submit}`, `sweeps::view::detail`), so a page and the API never
+//! (`sweeps::view::{list, detail}`, `sweeps::admit::submit`), so a page and the API never
 //! disagree on what a sweep is or which sweeps a caller may see.
 //!
 //! The view structs live here rather than in `views.rs`, which is at its size budget.
@@ -12,7 +12,7 @@ use super::{check_run_id, html, PageError, PageResult};
 use crate::access::audit::Actor;
 use crate::access::Principal;
 use crate::app::AppState;
-use crate::http::api::sweeps as api;
+use crate::http::ApiError;
 use crate::store::accounts::Level;
 use crate::sweeps::view::{self, SweepDetail, TrialCounts};
 use askama::Template;
@@ -147,7 +147,7 @@ pub(super) async fn sweeps_page(
     Query(p): Query<ListParams>,
 ) -> PageResult {
     let experiment = p.experiment.filter(|e| !e.trim().is_empty());
-    let sweeps = api::list(&state, &principal, experiment.as_deref()).await?;
+    let sweeps = crate::sweeps::view::list(&state, &principal, experiment.as_deref()).await?;
     let mut names: BTreeMap<String, String> = BTreeMap::new();
     let mut rows = Vec::with_capacity(sweeps.len());
     for s in sweeps {
@@ -399,7 +399,10 @@ pub(super) async fn submit_sweep(
     Form(f): Form<NewFields>,
 ) -> PageResult {
     let body = serde_json::Value::String(f.spec.clone());
-    let e = match api::submit(&state, &actor, &body).await {
+    let e = match crate::sweeps::admit::submit(&state, &actor, &body)
+        .await
+        .map_err(ApiError::from)
+    {
         Ok(detail) => {
             return Ok(Redirect::to(&format!("/sweeps/{}", detail.summary.id)).into_response())
         }

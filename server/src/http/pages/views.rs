@@ -50,7 +50,8 @@ pub struct Header {
     pub arrow: &'static str,
 }
 
-pub struct RunRow {
+/// One row of the runs table on the runs page.
+pub struct RunsTableRow {
     pub id: String,
     pub short_id: String,
     pub name: String,
@@ -77,7 +78,7 @@ pub struct RunsPage {
     pub error: Option<String>,
     pub count_label: String,
     pub headers: Vec<Header>,
-    pub rows: Vec<RunRow>,
+    pub rows: Vec<RunsTableRow>,
     pub first_href: Option<String>,
     pub next_href: Option<String>,
 }

@@ -360,7 +360,9 @@ async fn submit(
     env.insert("TRAINYARD_RUN_DIR".into(), dir.display().to_string());
     env.insert("TRAINYARD_ATTEMPT".into(), attempt.to_string());
     if inner.run_tokens {
-        let token = crate::access::issue_run_token(inner.store.as_ref(), run_id)
+        let token = inner
+            .hooks
+            .run_token(run_id)
             .await
             .map_err(std::io::Error::other)?;
         env.insert("TRAINYARD_TOKEN".into(), token);

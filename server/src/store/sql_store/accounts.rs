@@ -13,34 +13,40 @@ use crate::store::common::{self, parse_status};
 use crate::store::sql::{Row, Sql};
 use crate::store::{now_ms, Experiment, StoreError, StoreResult};
 
-const USER_COLUMNS: &str =
-    "u.id, u.name, u.is_admin, u.disabled, u.created_at, u.password_hash IS NOT NULL";
-const TOKEN_COLUMNS: &str = "t.id, t.name, t.scope, t.user_id, t.run_id, t.created_at, \
-     t.expires_at, t.last_used_at, t.revoked_at";
+/// A user's columns, named with a `u_` prefix so they stay apart from those of a session or
+/// token selected beside them ([`user`] reads them by name).
+const USER_COLUMNS: &str = "u.id AS u_id, u.name AS u_name, u.is_admin AS u_is_admin, \
+     u.disabled AS u_disabled, u.created_at AS u_created_at, \
+     u.password_hash IS NOT NULL AS u_has_password";
+/// A token's columns ([`token`] reads them by name).
+const TOKEN_COLUMNS: &str = "t.id AS id, t.name AS name, t.scope AS scope, \
+     t.user_id AS user_id, t.run_id AS run_id, t.created_at AS created_at, \
+     t.expires_at AS expires_at, t.last_used_at AS last_used_at, t.revoked_at AS revoked_at";
 
-fn user(row: &Row, at: usize) -> Result<User, sqlx::Error> {
+/// The user of a row that selected [`USER_COLUMNS`].
+fn user(row: &Row) -> Result<User, sqlx::Error> {
     Ok(User {
-        id: row.get(at)?,
-        name: row.get(at + 1)?,
-        is_admin: row.get(at + 2)?,
-        disabled: row.get(at + 3)?,
-        created_at: row.get(at + 4)?,
-        has_password: row.get(at + 5)?,
+        id: row.col("u_id")?,
+        name: row.col("u_name")?,
+        is_admin: row.col("u_is_admin")?,
+        disabled: row.col("u_disabled")?,
+        created_at: row.col("u_created_at")?,
+        has_password: row.col("u_has_password")?,
     })
 }
 
 fn token(row: &Row) -> StoreResult<ApiToken> {
-    let scope: String = row.get(2)?;
+    let scope: String = row.col("scope")?;
     Ok(ApiToken {
-        id: row.get(0)?,
-        name: row.get(1)?,
+        id: row.col("id")?,
+        name: row.col("name")?,
         scope: TokenScope::parse(&scope).ok_or_else(|| corrupt("token scope", &scope))?,
-        user_id: row.get(3)?,
-        run_id: row.get(4)?,
-        created_at: row.get(5)?,
-        expires_at: row.get(6)?,
-        last_used_at: row.get(7)?,
-        revoked_at: row.get(8)?,
+        user_id: row.col("user_id")?,
+        run_id: row.col("run_id")?,
+        created_at: row.col("created_at")?,
+        expires_at: row.col("expires_at")?,
+        last_used_at: row.col("last_used_at")?,
+        revoked_at: row.col("revoked_at")?,
     })
 }
 
@@ -89,7 +95,7 @@ impl SqlStore {
             "SELECT {USER_COLUMNS} FROM users u WHERE u.{column} = $1"
         ));
         let row = self.reader().await?.fetch_optional(q.bind(value)).await?;
-        Ok(row.map(|r| user(&r, 0)).transpose()?)
+        Ok(row.map(|r| user(&r)).transpose()?)
     }
 
     async fn team_members(&self, team_id: &str) -> StoreResult<Vec<String>> {
@@ -108,11 +114,11 @@ impl SqlStore {
         let Some(row) = self.reader().await?.fetch_optional(q.bind(value)).await? else {
             return Ok(None);
         };
-        let id: String = row.get(0)?;
+        let id: String = row.col("id")?;
         Ok(Some(Team {
             members: self.team_members(&id).await?,
-            name: row.get(1)?,
-            created_at: row.get(2)?,
+            name: row.col("name")?,
+            created_at: row.col("created_at")?,
             id,
         }))
     }
@@ -163,7 +169,7 @@ impl Accounts for SqlStore {
             "SELECT {USER_COLUMNS} FROM users u ORDER BY u.name"
         ));
         let rows = self.reader().await?.fetch_all(q).await?;
-        Ok(rows.iter().map(|r| user(r, 0)).collect::<Result<_, _>>()?)
+        Ok(rows.iter().map(user).collect::<Result<_, _>>()?)
     }
 
     async fn password_hash(&self, user_id: &str) -> StoreResult<Option<String>> {
@@ -216,7 +222,8 @@ impl Accounts for SqlStore {
 
     async fn session(&self, id_hash: &str) -> StoreResult<Option<(Session, User)>> {
         let q = Sql::new(format!(
-            "SELECT s.user_id, s.csrf_hash, s.created_at, s.last_seen_at, s.expires_at, \
+            "SELECT s.user_id AS user_id, s.csrf_hash AS csrf_hash, s.created_at AS created_at, \
+             s.last_seen_at AS last_seen_at, s.expires_at AS expires_at, \
              {USER_COLUMNS} FROM sessions s JOIN users u ON u.id = s.user_id \
              WHERE s.id_hash = $1"
         ))
@@ -225,13 +232,13 @@ impl Accounts for SqlStore {
             return Ok(None);
         };
         let session = Session {
-            user_id: row.get(0)?,
-            csrf_hash: row.get(1)?,
-            created_at: row.get(2)?,
-            last_seen_at: row.get(3)?,
-            expires_at: row.get(4)?,
+            user_id: row.col("user_id")?,
+            csrf_hash: row.col("csrf_hash")?,
+            created_at: row.col("created_at")?,
+            last_seen_at: row.col("last_seen_at")?,
+            expires_at: row.col("expires_at")?,
         };
-        Ok(Some((session, user(&row, 5)?)))
+        Ok(Some((session, user(&row)?)))
     }
 
     async fn touch_session(&self, id_hash: &str, now: i64) -> StoreResult<()> {
@@ -279,7 +286,7 @@ impl Accounts for SqlStore {
         };
         let t = token(&row)?;
         let owner = match t.user_id {
-            Some(_) => Some(user(&row, 9)?),
+            Some(_) => Some(user(&row)?),
             None => None,
         };
         Ok(Some((t, owner)))
@@ -413,8 +420,8 @@ impl Accounts for SqlStore {
 
     async fn experiment_sharing(&self, id: &str) -> StoreResult<Sharing> {
         let q = Sql::new(
-            "SELECT (SELECT u.name FROM users u WHERE u.id = e.owner_id), e.default_level \
-             FROM experiments e WHERE e.id = $1",
+            "SELECT (SELECT u.name FROM users u WHERE u.id = e.owner_id) AS owner, \
+             e.default_level AS default_level FROM experiments e WHERE e.id = $1",
         )
         .bind(id);
         let row = self
@@ -423,9 +430,9 @@ impl Accounts for SqlStore {
             .fetch_optional(q)
             .await?
             .ok_or_else(|| not_found("experiment", id))?;
-        let default: String = row.get(1)?;
+        let default: String = row.col("default_level")?;
         Ok(Sharing {
-            owner: row.get(0)?,
+            owner: row.col("owner")?,
             default_level: level(&default)?,
         })
     }
@@ -507,12 +514,12 @@ impl Accounts for SqlStore {
             .fetch_optional(q)
             .await?
             .ok_or_else(|| common::not_found_run(run_id))?;
-        let status: String = row.get(1)?;
+        let status: String = row.col("status")?;
         Ok(RunAccess {
-            experiment_id: row.get(0)?,
+            experiment_id: row.col("experiment_id")?,
             status: parse_status(&status)?,
-            deleted: row.get::<Option<i64>>(2)?.is_some(),
-            created_by: row.get(3)?,
+            deleted: row.col::<Option<i64>>("deleted_at")?.is_some(),
+            created_by: row.col("created_by")?,
         })
     }
 

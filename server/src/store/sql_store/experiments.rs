@@ -8,16 +8,17 @@ use crate::store::common;
 use crate::store::sql::{Conn, Row, Sql};
 use crate::store::{now_ms, Experiment, Lifecycle, StoreError, StoreResult, DEFAULT_EXPERIMENT};
 
-const EXPERIMENT_COLUMNS: &str =
-    "e.id, e.name, e.created_at, COALESCE(e.updated_at, e.created_at), e.deleted_at";
+/// The columns every experiment read selects, named for [`experiment`].
+const EXPERIMENT_COLUMNS: &str = "e.id AS id, e.name AS name, e.created_at AS created_at, \
+     COALESCE(e.updated_at, e.created_at) AS updated_at, e.deleted_at AS deleted_at";
 
 fn experiment(row: &Row) -> Result<Experiment, sqlx::Error> {
     Ok(Experiment {
-        id: row.get(0)?,
-        name: row.get(1)?,
-        created_at: row.get(2)?,
-        updated_at: row.get(3)?,
-        deleted_at: row.get(4)?,
+        id: row.col("id")?,
+        name: row.col("name")?,
+        created_at: row.col("created_at")?,
+        updated_at: row.col("updated_at")?,
+        deleted_at: row.col("deleted_at")?,
         tags: BTreeMap::new(),
     })
 }
@@ -47,9 +48,11 @@ async fn with_tags(
         .map(|(i, e)| (e.id.clone(), i))
         .collect();
     for row in rows {
-        let id: String = row.get(0)?;
+        let id: String = row.col("experiment_id")?;
         if let Some(&i) = index.get(&id) {
-            experiments[i].tags.insert(row.get(1)?, row.get(2)?);
+            experiments[i]
+                .tags
+                .insert(row.col("key")?, row.col("value")?);
         }
     }
     Ok(experiments)
@@ -60,7 +63,7 @@ async fn with_tags(
 async fn next_id(tx: &mut Conn) -> StoreResult<String> {
     let bump =
         Sql::new("UPDATE counters SET value = value + 1 WHERE name = 'experiment' RETURNING value");
-    let value: i64 = tx.fetch_one(bump).await?.get(0)?;
+    let value: i64 = tx.fetch_one(bump).await?.col("value")?;
     Ok(value.to_string())
 }
 

@@ -20,7 +20,7 @@ impl SqlStore {
             None => String::new(),
         };
         let mut q = Sql::new(format!(
-            "SELECT id, 'manage' FROM experiments WHERE owner_id = $1{} \
+            "SELECT id AS experiment_id, 'manage' AS level FROM experiments WHERE owner_id = $1{} \
              UNION ALL SELECT id, default_level FROM experiments \
                WHERE default_level <> 'none'{} \
              UNION ALL SELECT experiment_id, level FROM experiment_grants \
@@ -40,8 +40,8 @@ impl SqlStore {
         let rows = self.reader().await?.fetch_all(q).await?;
         rows.iter()
             .map(|r| {
-                let text: String = r.get(1)?;
-                Ok((r.get(0)?, level(&text)?))
+                let text: String = r.col("level")?;
+                Ok((r.col("experiment_id")?, level(&text)?))
             })
             .collect()
     }
@@ -54,7 +54,7 @@ impl SqlStore {
         experiment_id: &str,
     ) -> StoreResult<Vec<Level>> {
         let q = Sql::new(
-            "SELECT 'manage' FROM experiments WHERE owner_id = $1 AND id = $2 \
+            "SELECT 'manage' AS level FROM experiments WHERE owner_id = $1 AND id = $2 \
              UNION ALL SELECT level FROM experiment_grants \
                WHERE subject_kind = 'user' AND subject_id = $1 AND experiment_id = $2 \
              UNION ALL SELECT g.level FROM experiment_grants g \
@@ -66,7 +66,7 @@ impl SqlStore {
         let rows = self.reader().await?.fetch_all(q).await?;
         rows.iter()
             .map(|r| {
-                let text: String = r.get(0)?;
+                let text: String = r.col("level")?;
                 level(&text)
             })
             .collect()
@@ -91,11 +91,11 @@ impl SqlStore {
 
     pub(super) async fn grants_of(&self, experiment_id: &str) -> StoreResult<Vec<Grant>> {
         let q = Sql::new(
-            "SELECT g.subject_kind, g.subject_id, g.level, \
+            "SELECT g.subject_kind AS subject_kind, g.subject_id AS subject_id, g.level AS level, \
              COALESCE((SELECT u.name FROM users u WHERE g.subject_kind = 'user' \
                        AND u.id = g.subject_id), \
                       (SELECT t.name FROM teams t WHERE g.subject_kind = 'team' \
-                       AND t.id = g.subject_id), g.subject_id) \
+                       AND t.id = g.subject_id), g.subject_id) AS subject_name \
              FROM experiment_grants g WHERE g.experiment_id = $1 \
              ORDER BY g.subject_kind, g.subject_id",
         )
@@ -103,10 +103,10 @@ impl SqlStore {
         let rows = self.reader().await?.fetch_all(q).await?;
         rows.iter()
             .map(|r| {
-                let kind: String = r.get(0)?;
-                let id: String = r.get(1)?;
-                let name: String = r.get(3)?;
-                let text: String = r.get(2)?;
+                let kind: String = r.col("subject_kind")?;
+                let id: String = r.col("subject_id")?;
+                let name: String = r.col("subject_name")?;
+                let text: String = r.col("level")?;
                 let subject = match kind.as_str() {
                     "user" => Subject::User { id, name },
                     "team" => Subject::Team { id, name },
@@ -148,13 +148,13 @@ impl SqlStore {
         rows.iter()
             .map(|r| {
                 Ok(AuditEntry {
-                    seq: r.get(0)?,
-                    time: r.get(1)?,
-                    actor: r.get(2)?,
-                    client: r.get(3)?,
-                    action: r.get(4)?,
-                    target: r.get(5)?,
-                    detail: r.get(6)?,
+                    seq: r.col("seq")?,
+                    time: r.col("time")?,
+                    actor: r.col("actor")?,
+                    client: r.col("client")?,
+                    action: r.col("action")?,
+                    target: r.col("target")?,
+                    detail: r.col("detail")?,
                 })
             })
             .collect()

@@ -100,7 +100,7 @@ impl SqlStore {
                         .bind(id);
                 select.tuple(chunk.iter().map(|k| k.to_string()));
                 for row in tx.fetch_all(select).await? {
-                    stored.insert(row.get::<String>(0)?, row.get::<String>(1)?);
+                    stored.insert(row.col::<String>("key")?, row.col::<String>("value")?);
                 }
             }
             for (k, v) in &wanted {
@@ -184,12 +184,12 @@ impl SqlStore {
     }
 }
 
-/// One `run_inputs` row, selected as `name, digest, body`.
+/// One `run_inputs` row, which selected `name, digest, body`.
 fn input_of(r: &Row) -> StoreResult<RunInput> {
-    let body: String = r.get(2)?;
+    let body: String = r.col("body")?;
     Ok(RunInput {
-        name: r.get(0)?,
-        digest: r.get(1)?,
+        name: r.col("name")?,
+        digest: r.col("digest")?,
         body: serde_json::from_str(&body)
             .map_err(|e| StoreError::Database(sqlx::Error::Decode(e.into())))?,
     })

@@ -13,8 +13,10 @@ use crate::store::sweeps::{
 };
 use crate::store::{now_ms, StoreError, StoreResult};
 
+/// The columns of `sweeps` (the insert writes them, [`sweep`] reads them by name).
 const SWEEP_COLUMNS: &str = "id, experiment_id, name, spec, version, state, message, \
      created_by, created_at, updated_at, ended_at";
+/// The columns of `sweep_trials` [`trial`] reads, by name.
 const TRIAL_COLUMNS: &str = "number, run_id, params, state, value, step, rungs, bracket, \
      reason, created_at, ended_at";
 
@@ -28,39 +30,39 @@ fn to_text<T: serde::Serialize>(value: &T) -> StoreResult<String> {
 }
 
 fn sweep(row: &Row) -> StoreResult<SweepRow> {
-    let spec: String = row.get(3)?;
-    let state: String = row.get(5)?;
+    let spec: String = row.col("spec")?;
+    let state: String = row.col("state")?;
     Ok(SweepRow {
-        id: row.get(0)?,
-        experiment_id: row.get(1)?,
-        name: row.get(2)?,
+        id: row.col("id")?,
+        experiment_id: row.col("experiment_id")?,
+        name: row.col("name")?,
         spec: json("sweep spec", &spec)?,
-        version: row.get(4)?,
+        version: row.col("version")?,
         state: SweepState::parse(&state).ok_or_else(|| corrupt("sweep state", &state))?,
-        message: row.get(6)?,
-        created_by: row.get(7)?,
-        created_at: row.get(8)?,
-        updated_at: row.get(9)?,
-        ended_at: row.get(10)?,
+        message: row.col("message")?,
+        created_by: row.col("created_by")?,
+        created_at: row.col("created_at")?,
+        updated_at: row.col("updated_at")?,
+        ended_at: row.col("ended_at")?,
     })
 }
 
 fn trial(row: &Row) -> StoreResult<TrialRow> {
-    let params: String = row.get(2)?;
-    let state: String = row.get(3)?;
-    let rungs: String = row.get(6)?;
+    let params: String = row.col("params")?;
+    let state: String = row.col("state")?;
+    let rungs: String = row.col("rungs")?;
     Ok(TrialRow {
-        number: row.get(0)?,
-        run_id: row.get(1)?,
+        number: row.col("number")?,
+        run_id: row.col("run_id")?,
         params: json("trial params", &params)?,
         state: TrialState::parse(&state).ok_or_else(|| corrupt("trial state", &state))?,
-        value: row.get(4)?,
-        step: row.get(5)?,
+        value: row.col("value")?,
+        step: row.col("step")?,
         rungs: json::<BTreeMap<u32, f64>>("trial rungs", &rungs)?,
-        bracket: row.get(7)?,
-        reason: row.get(8)?,
-        created_at: row.get(9)?,
-        ended_at: row.get(10)?,
+        bracket: row.col("bracket")?,
+        reason: row.col("reason")?,
+        created_at: row.col("created_at")?,
+        ended_at: row.col("ended_at")?,
     })
 }
 
@@ -238,14 +240,14 @@ impl Sweeps for SqlStore {
         let rows = self.reader().await?.fetch_all(q).await?;
         rows.iter()
             .map(|r| {
-                let spec: String = r.get(1)?;
-                let changes: String = r.get(2)?;
+                let spec: String = r.col("spec")?;
+                let changes: String = r.col("changes")?;
                 Ok(SweepVersion {
-                    version: r.get(0)?,
+                    version: r.col("version")?,
                     spec: json("sweep spec", &spec)?,
                     changes: json("sweep changes", &changes)?,
-                    changed_by: r.get(3)?,
-                    changed_at: r.get(4)?,
+                    changed_by: r.col("changed_by")?,
+                    changed_at: r.col("changed_at")?,
                 })
             })
             .collect()
@@ -318,7 +320,7 @@ impl Sweeps for SqlStore {
             Sql::new("SELECT sweep_id, number FROM sweep_trials WHERE run_id = $1").bind(run_id);
         let row = self.reader().await?.fetch_optional(q).await?;
         Ok(row
-            .map(|r| Ok::<_, sqlx::Error>((r.get(0)?, r.get(1)?)))
+            .map(|r| Ok::<_, sqlx::Error>((r.col("sweep_id")?, r.col("number")?)))
             .transpose()?)
     }
 }
