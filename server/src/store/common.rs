@@ -51,9 +51,6 @@ pub const RUN_COLUMNS: &str = "r.id, r.experiment_id, r.name, r.status, r.create
      r.started_at, r.ended_at, r.config, r.notes, r.exit_code, r.exit_signal, r.exit_message, \
      (SELECT u.name FROM users u WHERE u.id = r.created_by), r.deleted_at";
 
-/// How many columns `RUN_COLUMNS` has (a search's sort columns come after them).
-pub const RUN_COLUMN_COUNT: usize = 14;
-
 /// A `runs` row before tags, params and metrics are attached.
 #[derive(Debug, Clone)]
 pub struct RunRow {
