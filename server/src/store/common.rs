@@ -55,9 +55,6 @@ pub const RUN_COLUMNS: &str = "r.id AS id, r.experiment_id AS experiment_id, r.n
      (SELECT u.name FROM users u WHERE u.id = r.created_by) AS created_by, \
      r.deleted_at AS deleted_at";
 
-/// How many columns `RUN_COLUMNS` has (a search's sort columns come after them).
-pub const RUN_COLUMN_COUNT: usize = 14;
-
 /// A `runs` row before tags, params and metrics are attached.
 #[derive(Debug, Clone)]
 pub struct RunRow {

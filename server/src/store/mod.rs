@@ -264,6 +264,16 @@ impl Lifecycle {
     }
 }
 
+/// A statement a search ran and the database's plan of it.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct QueryPlan {
+    pub statement: String,
+    /// Postgres: the `EXPLAIN (ANALYZE, FORMAT JSON)` document; SQLite: the `detail` column of
+    /// `EXPLAIN QUERY PLAN`, one step per line.
+    pub plan: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunPage {
     pub runs: Vec<Run>,
@@ -386,6 +396,15 @@ pub trait Store: accounts::Accounts + sweeps::Sweeps + Send + Sync + 'static {
     /// launcher records how a process ended after the trainer reported its own status.
     async fn set_exit(&self, id: &str, exit: Option<ExitInfo>) -> StoreResult<()>;
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage>;
+    /// `search_runs`, returning beside the page every statement it ran with the database's
+    /// plan of it (the store suite checks that no search reads a whole table; `docs/search.md`
+    /// shows them).
+    #[doc(hidden)]
+    async fn explain_search(&self, query: &RunQuery) -> StoreResult<(RunPage, Vec<QueryPlan>)>;
+    /// Refreshes the planner's statistics of the run tables now, as the store does by itself
+    /// after large writes.
+    #[doc(hidden)]
+    async fn refresh_statistics(&self) -> StoreResult<()>;
     /// Soft-deletes (`deleted: true`) or restores a run.
     async fn set_run_deleted(&self, id: &str, deleted: bool) -> StoreResult<()>;
     /// Adds params one by one (besides those a config brings). Write-once: a key the run has

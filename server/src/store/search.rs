@@ -1,8 +1,10 @@
 //! The run search query, written once: filters, sorts with the runs lacking the sort value
-//! last, and keyset pagination behind an opaque cursor.
+//! last, and keyset pagination behind an opaque cursor ([`SearchPlan`]; the plans each shape
+//! gets are in `docs/search.md`).
 
-use super::common::{RunRow, RUN_COLUMNS, RUN_COLUMN_COUNT};
-use super::sql::{Arg, Dialect, Row, Sql};
+use super::common::{RunRow, RUN_COLUMNS};
+use super::filter::{CmpOp, Condition, Expr, Field, Literal, Predicate};
+use super::sql::{Arg, Dialect, Row, Sql, Value};
 use super::{RunQuery, SortDir, SortKey, StoreError, StoreResult};
 use serde::{Deserialize, Serialize};
 
@@ -65,7 +67,30 @@ fn decode_cursor(text: &str, q: &RunQuery) -> StoreResult<Cursor> {
     Ok(c)
 }
 
-/// The sort values a search selects after the run columns, per sort kind.
+/// The plans Postgres may choose for a search's statements, set for the search's own
+/// transaction. Its planner prices an equality it has no statistics for at 0.5 % of the
+/// table's rows, so after a bulk load, with autovacuum off or behind, it took the experiment's
+/// 100,000 runs for a few hundred: it read all of them through a bitmap scan and sorted them
+/// (60 ms for the first page, 1 s for a param filter, minutes for MLflow's filtered search,
+/// whose EXISTS it turned into joins in the wrong order). Without sorts, hash or merge joins,
+/// bitmap and sequential scans (each only priced out of reach, never forbidden), the one plan
+/// left is the one each statement is written for: walk the sort index from the cursor, probe
+/// each run's filters through their (run, key) keys, stop after the page. Its cost follows the
+/// rows walked to fill the page, whatever the statistics say.
+pub const POSTGRES_PLANNER: &str = "SELECT set_config('enable_sort', 'off', true), \
+     set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), \
+     set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)";
+
+/// Column `name` of a row, whichever backend it came from.
+pub(crate) fn named<T: Value>(row: &Row, name: &str) -> Result<T, sqlx::Error> {
+    use sqlx::Row as _;
+    match row {
+        Row::Sqlite(r) => r.try_get(name),
+        Row::Postgres(r) => r.try_get(name),
+    }
+}
+
+/// The sort values of a page's run: its sort group and the value it was ordered by.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SortValues {
     pub g: i64,
@@ -74,89 +99,268 @@ pub struct SortValues {
     pub t: Option<String>,
 }
 
-impl SortValues {
-    /// The sort columns `build_search` selects after the `RUN_COLUMNS`: `sort_g`,
-    /// then those the sort has, in the order n (REAL), i (BIGINT), t (TEXT).
-    pub fn from_row(row: &Row, sort: &SortKey) -> Result<SortValues, sqlx::Error> {
-        let (n, i, t) = match sort {
-            SortKey::CreatedAt => (false, true, false),
-            SortKey::Name | SortKey::Status => (false, false, true),
-            SortKey::Param(_) => (true, false, true),
-            SortKey::Metric(_) => (true, false, false),
+/// The search as the statements it runs: one per sort group, in page order. A sort by a
+/// metric has two groups (the runs with the key, ordered by its latest value; then the runs
+/// without it, by id), a sort by a param three (numeric values, text values, missing), the
+/// other sorts one. Each group's statement orders by exactly the columns of one index
+/// (`metric_series (experiment_id, key, last_value, run_id)`, `run_params (experiment_id, key,
+/// num, value, run_id)`, on Postgres a partial twin for text values, the `runs` indexes, and
+/// the same without the experiment for a search over several), so the database walks that
+/// index from the cursor, probes each run's filters through their (run, key) keys, and stops
+/// after `limit + 1` rows: the cost follows the rows walked to fill the page, not the
+/// experiment. The next group runs only when a page is not full yet. The sort table comes
+/// first in a `CROSS JOIN`, which SQLite always reads as the outer loop (without statistics it
+/// walked the experiment's runs and sorted them); Postgres reorders it freely and is held to
+/// the walk by [`POSTGRES_PLANNER`].
+pub struct SearchPlan<'q> {
+    q: &'q RunQuery,
+    cursor: Option<Cursor>,
+}
+
+impl<'q> SearchPlan<'q> {
+    pub fn new(q: &'q RunQuery) -> StoreResult<SearchPlan<'q>> {
+        let cursor = q
+            .cursor
+            .as_deref()
+            .map(|c| decode_cursor(c, q))
+            .transpose()?;
+        Ok(SearchPlan { q, cursor })
+    }
+
+    /// Rows a page asks for: its size and one more (which tells whether a next page exists).
+    pub fn wanted(&self) -> usize {
+        self.q.limit.clamp(1, 1000) + 1
+    }
+
+    /// The sort groups still to read, in page order: the cursor's group and those after it.
+    pub fn groups(&self) -> std::ops::Range<i64> {
+        let count = match self.q.sort {
+            SortKey::CreatedAt | SortKey::Name | SortKey::Status => 1,
+            SortKey::Metric(_) => 2,
+            SortKey::Param(_) => 3,
         };
-        let mut col = RUN_COLUMN_COUNT;
-        let mut next = || {
-            col += 1;
-            col
+        let first = self.cursor.as_ref().map_or(0, |c| c.g.clamp(0, count));
+        first..count
+    }
+
+    /// The statement reading up to `limit` runs of sort group `g`.
+    pub fn statement(&self, g: i64, limit: usize, dialect: Dialect) -> StoreResult<Sql> {
+        let q = self.q;
+        let (dir, op) = match q.dir {
+            SortDir::Asc => ("ASC", ">"),
+            SortDir::Desc => ("DESC", "<"),
         };
-        Ok(SortValues {
-            g: row.get(RUN_COLUMN_COUNT)?,
-            n: if n { row.get(next())? } else { None },
-            i: if i { row.get(next())? } else { None },
-            t: if t { row.get(next())? } else { None },
-        })
+        let c = dialect.text_order();
+        let mut out = Sql::new("SELECT ");
+        out.push(RUN_COLUMNS);
+        // The cursor bounds only its own group; later groups start at their beginning.
+        let cursor = self.cursor.as_ref().filter(|c| c.g == g);
+        let bad = || invalid_cursor("the cursor is incomplete");
+        // The keyset's columns before the run id, with the cursor's values for them.
+        let mut keyset: Vec<(String, Arg)> = Vec::new();
+        let order: String;
+        match (&q.sort, g) {
+            (SortKey::CreatedAt, _) => {
+                out.push(", r.created_at AS sort_i FROM runs r WHERE ");
+                order = format!("r.created_at {dir}, r.id {dir}");
+                if let Some(cur) = cursor {
+                    keyset.push(("r.created_at".into(), Arg::from(cur.i.ok_or_else(bad)?)));
+                }
+            }
+            (SortKey::Name | SortKey::Status, _) => {
+                let col = if matches!(q.sort, SortKey::Name) {
+                    "r.name"
+                } else {
+                    "r.status"
+                };
+                out.push(&format!(", {col} AS sort_t FROM runs r WHERE "));
+                order = format!("{col}{c} {dir}, r.id {dir}");
+                if let Some(cur) = cursor {
+                    keyset.push((
+                        format!("{col}{c}"),
+                        Arg::from(cur.t.clone().ok_or_else(bad)?),
+                    ));
+                }
+            }
+            (SortKey::Metric(key), 0) => {
+                out.push(
+                    ", sm.last_value AS sort_n FROM metric_series sm \
+                     CROSS JOIN runs r WHERE r.id = sm.run_id AND sm.key = ",
+                );
+                out.arg(key.clone());
+                scope(q, "sm", &mut out);
+                // A filter on the sort metric bounds the walk itself (the filter still holds).
+                if let Some(f) = &q.filter {
+                    let mut bounds = Vec::new();
+                    metric_bounds(f.expr(), key, &mut bounds);
+                    for (op, value) in bounds {
+                        out.push(&format!(" AND sm.last_value {} ", op.as_sql()));
+                        out.arg(value);
+                    }
+                }
+                out.push(" AND ");
+                order = format!("sm.last_value {dir}, sm.run_id {dir}");
+                if let Some(cur) = cursor {
+                    keyset.push(("sm.last_value".into(), Arg::from(cur.n.ok_or_else(bad)?)));
+                }
+            }
+            (SortKey::Param(key), 0) => {
+                out.push(
+                    ", sp.num AS sort_n, sp.value AS sort_t FROM run_params sp \
+                     CROSS JOIN runs r WHERE r.id = sp.run_id AND sp.key = ",
+                );
+                out.arg(key.clone());
+                scope(q, "sp", &mut out);
+                out.push(" AND sp.num IS NOT NULL AND ");
+                order = format!("sp.num {dir}, sp.value{c} {dir}, sp.run_id {dir}");
+                if let Some(cur) = cursor {
+                    keyset.push(("sp.num".into(), Arg::from(cur.n.ok_or_else(bad)?)));
+                    keyset.push((
+                        format!("sp.value{c}"),
+                        Arg::from(cur.t.clone().ok_or_else(bad)?),
+                    ));
+                }
+            }
+            (SortKey::Param(key), 1) => {
+                out.push(
+                    ", sp.value AS sort_t FROM run_params sp \
+                     CROSS JOIN runs r WHERE r.id = sp.run_id AND sp.key = ",
+                );
+                out.arg(key.clone());
+                scope(q, "sp", &mut out);
+                out.push(" AND sp.num IS NULL AND ");
+                order = format!("sp.value{c} {dir}, sp.run_id {dir}");
+                if let Some(cur) = cursor {
+                    keyset.push((
+                        format!("sp.value{c}"),
+                        Arg::from(cur.t.clone().ok_or_else(bad)?),
+                    ));
+                }
+            }
+            (SortKey::Metric(key) | SortKey::Param(key), _) => {
+                let table = match q.sort {
+                    SortKey::Metric(_) => "metric_series",
+                    _ => "run_params",
+                };
+                out.push(&format!(
+                    " FROM runs r WHERE NOT EXISTS (SELECT 1 FROM {table} k \
+                     WHERE k.run_id = r.id AND k.key = "
+                ));
+                out.arg(key.clone());
+                out.push(") AND ");
+                order = format!("r.id {dir}");
+            }
+        }
+        push_conditions(q, dialect, &mut out);
+        if let Some(cur) = cursor {
+            // Strictly after the cursor: (sort columns..., id) beyond the cursor's.
+            let id_col = match (&q.sort, g) {
+                (SortKey::Metric(_), 0) => "sm.run_id",
+                (SortKey::Param(_), 0 | 1) => "sp.run_id",
+                _ => "r.id",
+            };
+            let cols: Vec<&str> = keyset.iter().map(|(col, _)| col.as_str()).collect();
+            out.push(&format!(
+                " AND ({}{id_col}) {op} (",
+                cols.iter().map(|c| format!("{c}, ")).collect::<String>()
+            ));
+            for (_, v) in keyset {
+                out.arg(v);
+                out.push(", ");
+            }
+            out.arg(cur.id.clone());
+            out.push(")");
+        }
+        out.push(&format!(" ORDER BY {order} LIMIT "));
+        out.arg(limit as i64);
+        Ok(out)
+    }
+
+    /// The sort values of a row `statement(g, ..)` returned, read by column name.
+    pub fn sort_values(&self, g: i64, row: &Row) -> Result<SortValues, sqlx::Error> {
+        let mut v = SortValues {
+            g,
+            n: None,
+            i: None,
+            t: None,
+        };
+        match (&self.q.sort, g) {
+            (SortKey::CreatedAt, _) => v.i = Some(named(row, "sort_i")?),
+            (SortKey::Name | SortKey::Status, _) => v.t = Some(named(row, "sort_t")?),
+            (SortKey::Metric(_), 0) => v.n = Some(named(row, "sort_n")?),
+            (SortKey::Param(_), 0) => {
+                v.n = Some(named(row, "sort_n")?);
+                v.t = Some(named(row, "sort_t")?);
+            }
+            (SortKey::Param(_), 1) => v.t = Some(named(row, "sort_t")?),
+            _ => {}
+        }
+        Ok(v)
     }
 }
 
-const PARAM_GROUP: &str =
-    "(CASE WHEN sp.value IS NULL THEN 2 WHEN sp.num IS NULL THEN 1 ELSE 0 END)";
-const METRIC_GROUP: &str = "(CASE WHEN sm.id IS NULL THEN 1 ELSE 0 END)";
-
-/// Writes the page query: run columns plus sort columns, filtered, keyset-paginated, ordered,
-/// `limit + 1` rows (the extra one tells whether there is a next page).
-pub fn build_search(q: &RunQuery, dialect: Dialect, out: &mut Sql) -> StoreResult<()> {
-    let cursor = q
-        .cursor
-        .as_deref()
-        .map(|c| decode_cursor(c, q))
-        .transpose()?;
-    let (dir, op) = match q.dir {
-        SortDir::Asc => ("ASC", ">"),
-        SortDir::Desc => ("DESC", "<"),
-    };
-    let c = dialect.text_order();
-    out.push("SELECT ");
-    out.push(RUN_COLUMNS);
-    match &q.sort {
-        SortKey::CreatedAt => {
-            out.push(", CAST(0 AS BIGINT) AS sort_g, r.created_at AS sort_i FROM runs r");
+/// The comparisons of a filter's top-level conjunction on the latest value of metric `key`.
+fn metric_bounds(expr: &Expr, key: &str, out: &mut Vec<(CmpOp, f64)>) {
+    match expr {
+        Expr::And(a, b) => {
+            metric_bounds(a, key, out);
+            metric_bounds(b, key, out);
         }
-        SortKey::Name => {
-            out.push(", CAST(0 AS BIGINT) AS sort_g, r.name AS sort_t FROM runs r");
-        }
-        SortKey::Status => {
-            out.push(", CAST(0 AS BIGINT) AS sort_g, r.status AS sort_t FROM runs r");
-        }
-        SortKey::Param(key) => {
-            out.push(", CAST(");
-            out.push(PARAM_GROUP);
-            out.push(" AS BIGINT) AS sort_g, sp.num AS sort_n, sp.value AS sort_t FROM runs r ");
-            out.push("LEFT JOIN run_params sp ON sp.run_id = r.id AND sp.key = ");
-            out.arg(key.clone());
-        }
-        SortKey::Metric(key) => {
-            out.push(", CAST(");
-            out.push(METRIC_GROUP);
-            out.push(" AS BIGINT) AS sort_g, sm.last_value AS sort_n FROM runs r ");
-            out.push("LEFT JOIN metric_series sm ON sm.run_id = r.id AND sm.key = ");
-            out.arg(key.clone());
-        }
+        Expr::Cond(Condition {
+            field: Field::Metric(k),
+            predicate:
+                Predicate::Compare {
+                    op,
+                    value: Literal::Number(n),
+                },
+        }) if k == key && *op != CmpOp::Ne => out.push((*op, *n)),
+        _ => {}
     }
-    out.push(" WHERE ");
+}
+
+/// The one experiment a search covers, if it covers one.
+fn one_experiment(q: &RunQuery) -> Option<&str> {
+    match (q.experiment_id.as_deref(), q.visible_experiments.as_deref()) {
+        (Some(e), _) => Some(e),
+        (None, Some([one])) => Some(one.as_str()),
+        _ => None,
+    }
+}
+
+/// Within one experiment, the sort table's own experiment column bounds the walk (its index
+/// leads with it); the run's conditions still hold.
+fn scope(q: &RunQuery, alias: &str, out: &mut Sql) {
+    if let Some(e) = one_experiment(q) {
+        out.push(&format!(" AND {alias}.experiment_id = "));
+        out.arg(e.to_string());
+    }
+}
+
+/// What every group's statement requires of a run: its lifecycle, experiment, visibility,
+/// status, tag and filter.
+fn push_conditions(q: &RunQuery, dialect: Dialect, out: &mut Sql) {
     out.push(&q.lifecycle.condition("r"));
     if let Some(exp) = &q.experiment_id {
         out.push(" AND r.experiment_id = ");
         out.arg(exp.clone());
     }
     // Access control, in the query and so before pagination: a page never comes back short
-    // because of rows the caller may not see.
-    if let Some(visible) = &q.visible_experiments {
-        out.push(" AND r.experiment_id IN (NULL");
-        for id in visible {
-            out.push(", ");
-            out.arg(id.clone());
+    // because of rows the caller may not see. One experiment is an equality, so an index on
+    // (experiment_id, sort column) serves it in order.
+    match q.visible_experiments.as_deref() {
+        Some([one]) => {
+            out.push(" AND r.experiment_id = ");
+            out.arg(one.clone());
         }
-        out.push(")");
+        Some(visible) => {
+            out.push(" AND r.experiment_id IN (NULL");
+            for id in visible {
+                out.push(", ");
+                out.arg(id.clone());
+            }
+            out.push(")");
+        }
+        None => {}
     }
     if let Some(status) = q.status {
         out.push(" AND r.status = ");
@@ -181,104 +385,6 @@ pub fn build_search(q: &RunQuery, dialect: Dialect, out: &mut Sql) -> StoreResul
         f.push(out, dialect);
         out.push(")");
     }
-    if let Some(c) = cursor {
-        push_keyset(q, &c, op, dialect, out)?;
-    }
-    let order = match &q.sort {
-        SortKey::CreatedAt => format!(" ORDER BY r.created_at {dir}, r.id {dir}"),
-        SortKey::Name => format!(" ORDER BY r.name{c} {dir}, r.id {dir}"),
-        SortKey::Status => format!(" ORDER BY r.status{c} {dir}, r.id {dir}"),
-        SortKey::Param(_) => {
-            format!(" ORDER BY {PARAM_GROUP} ASC, sp.num {dir}, sp.value{c} {dir}, r.id {dir}")
-        }
-        SortKey::Metric(_) => {
-            format!(" ORDER BY {METRIC_GROUP} ASC, sm.last_value {dir}, r.id {dir}")
-        }
-    };
-    out.push(&order);
-    out.push(" LIMIT ");
-    out.arg(q.limit.clamp(1, 1000) as i64 + 1);
-    Ok(())
-}
-
-/// Rows strictly after the cursor in the sort order; runs lacking the sort value come last.
-fn push_keyset(
-    q: &RunQuery,
-    c: &Cursor,
-    op: &str,
-    dialect: Dialect,
-    out: &mut Sql,
-) -> StoreResult<()> {
-    let bad = || invalid_cursor("the cursor is incomplete");
-    let coll = dialect.text_order();
-    let id = Arg::from(c.id.clone());
-    let simple = |col: &str, v: Arg, out: &mut Sql| {
-        out.push(&format!(" AND ({col}, r.id) {op} ("));
-        out.arg(v);
-        out.push(", ");
-        out.arg(id.clone());
-        out.push(")");
-    };
-    match &q.sort {
-        SortKey::CreatedAt => simple("r.created_at", Arg::from(c.i.ok_or_else(bad)?), out),
-        SortKey::Name => simple(
-            &format!("r.name{coll}"),
-            Arg::from(c.t.clone().ok_or_else(bad)?),
-            out,
-        ),
-        SortKey::Status => simple(
-            &format!("r.status{coll}"),
-            Arg::from(c.t.clone().ok_or_else(bad)?),
-            out,
-        ),
-        SortKey::Param(_) => {
-            let g = PARAM_GROUP;
-            match c.g {
-                0 => {
-                    out.push(&format!(
-                        " AND ({g} > 0 OR ({g} = 0 AND (sp.num, sp.value{coll}, r.id) {op} ("
-                    ));
-                    out.arg(c.n.ok_or_else(bad)?);
-                    out.push(", ");
-                    out.arg(c.t.clone().ok_or_else(bad)?);
-                    out.push(", ");
-                    out.arg(id);
-                    out.push(")))");
-                }
-                1 => {
-                    out.push(&format!(
-                        " AND ({g} > 1 OR ({g} = 1 AND (sp.value{coll}, r.id) {op} ("
-                    ));
-                    out.arg(c.t.clone().ok_or_else(bad)?);
-                    out.push(", ");
-                    out.arg(id);
-                    out.push(")))");
-                }
-                _ => {
-                    out.push(&format!(" AND ({g} = 2 AND r.id {op} "));
-                    out.arg(id);
-                    out.push(")");
-                }
-            }
-        }
-        SortKey::Metric(_) => {
-            let g = METRIC_GROUP;
-            if c.g == 0 {
-                out.push(&format!(
-                    " AND ({g} > 0 OR ({g} = 0 AND (sm.last_value, r.id) {op} ("
-                ));
-                out.arg(c.n.ok_or_else(bad)?);
-                out.push(", ");
-                out.arg(id);
-                out.push(")))");
-            } else {
-                out.push(&format!(" AND ({g} = 1 AND r.id {op} "));
-                out.arg(id);
-                out.push(")");
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The cursor pointing after `last` (the last run of a full page).

@@ -183,6 +183,14 @@ impl Sql {
     pub fn text(&self) -> &str {
         &self.text
     }
+
+    /// The same statement behind `prefix` (an `EXPLAIN ...`), with the same arguments.
+    pub fn prefixed(&self, prefix: &str) -> Sql {
+        Sql {
+            text: format!("{prefix}{}", self.text),
+            args: self.args.clone(),
+        }
+    }
 }
 
 /// Binds `args` to a query of either backend (every `Arg` type is one both encode).

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use super::sql::{self, Conn, Dialect, Sql, Tx, WriteHealth};
 use super::{
     postgres, sqlite, Appended, ExitInfo, Experiment, KeyKind, Lifecycle, MetricExtremes,
-    MetricKey, MetricPoint, NewRun, Run, RunEvent, RunInput, RunPage, RunQuery, RunStatus,
-    RunUpdate, Series, SeriesPoint, Store, StoreError, StoreResult, StoredPoint,
+    MetricKey, MetricPoint, NewRun, QueryPlan, Run, RunEvent, RunInput, RunPage, RunQuery,
+    RunStatus, RunUpdate, Series, SeriesPoint, Store, StoreError, StoreResult, StoredPoint,
 };
 use crate::store::accounts::Level;
 
@@ -20,6 +20,7 @@ mod keys;
 mod metrics;
 mod run_data;
 mod runs;
+mod stats;
 mod sweeps;
 
 pub(super) use metrics::{record_write, reserve_seqs, series_for, stored_values};
@@ -33,6 +34,7 @@ enum Backend {
 pub struct SqlStore {
     backend: Backend,
     health: WriteHealth,
+    statistics: stats::Statistics,
 }
 
 impl SqlStore {
@@ -53,9 +55,14 @@ impl SqlStore {
                 ),
             });
         };
+        let statistics = stats::Statistics::new(match &backend {
+            Backend::Sqlite(p) => stats::Target::Sqlite(p.write.clone()),
+            Backend::Postgres(p) => stats::Target::Postgres(p.pool.clone()),
+        });
         Ok(SqlStore {
             backend,
             health: WriteHealth::default(),
+            statistics,
         })
     }
 
@@ -190,6 +197,16 @@ impl Store for SqlStore {
 
     async fn search_runs(&self, query: &RunQuery) -> StoreResult<RunPage> {
         self.search(query).await
+    }
+
+    async fn explain_search(&self, query: &RunQuery) -> StoreResult<(RunPage, Vec<QueryPlan>)> {
+        let mut plans = Vec::new();
+        let page = self.search_explained(query, Some(&mut plans)).await?;
+        Ok((page, plans))
+    }
+
+    async fn refresh_statistics(&self) -> StoreResult<()> {
+        Ok(self.statistics.refresh_now().await?)
     }
 
     async fn set_run_deleted(&self, id: &str, deleted: bool) -> StoreResult<()> {

@@ -21,6 +21,7 @@ mod migration;
 mod outage;
 mod runs;
 mod search;
+mod search_plans;
 mod series_cache;
 
 /// Declares each case once per backend: `sqlite::<case>` and `postgres::<case>`.
@@ -87,4 +88,5 @@ both_backends!(
     search::sorting_by_a_param_is_numeric_and_puts_runs_without_it_last,
     search::a_cursor_from_another_sort_or_garbage_is_invalid,
     search::a_filter_on_params_and_metrics_selects_matching_runs_across_pages,
+    search_plans::every_search_shape_reads_its_page_not_the_experiment,
 );

@@ -3,9 +3,11 @@
 //! search path: the presence check is one index probe per key, and the full list (read only
 //! when a key is missing) walks the key index once per distinct key, never every row. Both
 //! look only at runs of the experiments given (those the caller may read), so a key that only
-//! hidden runs have is as unknown as one no run has.
+//! hidden runs have is as unknown as one no run has: params and series carry their run's
+//! experiment, and their (experiment, key, ...) index answers per experiment.
 
 use super::SqlStore;
+use crate::store::search::named;
 use crate::store::sql::Sql;
 use crate::store::{KeyKind, StoreResult, MAX_KNOWN_KEYS};
 
@@ -35,8 +37,7 @@ impl SqlStore {
             Some([]) => return Ok(false),
             Some(experiments) => {
                 let mut q = Sql::new(format!(
-                    "SELECT 1 FROM {table} k JOIN runs r ON r.id = k.run_id \
-                     WHERE k.key = $1{counts} AND r.experiment_id IN "
+                    "SELECT 1 FROM {table} k WHERE k.key = $1{counts} AND k.experiment_id IN "
                 ))
                 .bind(key);
                 q.tuple(experiments.iter().cloned());
@@ -70,13 +71,25 @@ impl SqlStore {
             ))
             .bind(limit),
             Some([]) => return Ok(Vec::new()),
+            // The same loose scan within each experiment, through the (experiment, key) index.
             Some(experiments) => {
                 let mut q = Sql::new(format!(
-                    "SELECT DISTINCT k.key FROM {table} k JOIN runs r ON r.id = k.run_id \
-                     WHERE TRUE{counts} AND r.experiment_id IN "
+                    "WITH RECURSIVE known(experiment_id, key) AS ( \
+                       SELECT e.id, (SELECT k.key FROM {table} k \
+                                     WHERE k.experiment_id = e.id{counts} \
+                                     ORDER BY k.key LIMIT 1) \
+                       FROM experiments e WHERE e.id IN "
                 ));
                 q.tuple(experiments.iter().cloned());
-                q.push(" ORDER BY k.key LIMIT ");
+                q.push(&format!(
+                    " UNION ALL \
+                       SELECT known.experiment_id, (SELECT k.key FROM {table} k \
+                                     WHERE k.experiment_id = known.experiment_id \
+                                     AND k.key > known.key{counts} ORDER BY k.key LIMIT 1) \
+                       FROM known WHERE known.key IS NOT NULL \
+                     ) \
+                     SELECT DISTINCT key FROM known WHERE key IS NOT NULL ORDER BY key LIMIT "
+                ));
                 q.arg(limit);
                 q
             }
@@ -85,7 +98,7 @@ impl SqlStore {
         let rows = conn.fetch_all(select).await?;
         Ok(rows
             .iter()
-            .map(|r| r.get::<String>(0))
+            .map(|r| named::<String>(r, "key"))
             .collect::<Result<_, _>>()?)
     }
 }

@@ -26,11 +26,16 @@ pub async fn series_for(tx: &mut Conn, run_id: &str, keys: &[String]) -> StoreRe
     }
     for key in keys {
         if series.get(key).is_none() {
+            // The series carries its run's experiment (what a search within one walks).
             let insert = Sql::new(
-                "INSERT INTO metric_series (run_id, key, count, last_step, last_value, \
-                 last_time) VALUES ($1, $2, 0, -1, 0, 0) RETURNING id",
+                "INSERT INTO metric_series (run_id, experiment_id, key, count, last_step, \
+                 last_value, last_time) SELECT id, experiment_id, $2, 0, -1, 0, 0 \
+                 FROM runs WHERE id = $1 RETURNING id",
             );
-            let row = tx.fetch_one(insert.bind(run_id).bind(key)).await?;
+            let row = tx
+                .fetch_optional(insert.bind(run_id).bind(key))
+                .await?
+                .ok_or_else(|| common::not_found_run(run_id))?;
             series.insert(key.clone(), row.get(0)?);
         }
     }

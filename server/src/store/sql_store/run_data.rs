@@ -8,7 +8,7 @@ use crate::store::common;
 use crate::store::sql::{Conn, Row, Sql};
 use crate::store::{now_ms, RunInput, StoreError, StoreResult};
 
-/// Rows per multi-row INSERT (4 parameters each, well under either database's limit).
+/// Rows per multi-row INSERT (5 parameters each, well under either database's limit).
 const CHUNK: usize = 500;
 
 /// Inserts params; a key the run has already is left as it is (callers check values first).
@@ -17,13 +17,29 @@ pub(super) async fn insert_param_rows(
     run_id: &str,
     params: &[(String, String)],
 ) -> StoreResult<()> {
+    if params.is_empty() {
+        return Ok(());
+    }
+    // A param carries its run's experiment (what a search within one walks).
+    let select = Sql::new("SELECT experiment_id FROM runs WHERE id = $1").bind(run_id);
+    let row = tx
+        .fetch_optional(select)
+        .await?
+        .ok_or_else(|| common::not_found_run(run_id))?;
+    let experiment: String = crate::store::search::named(&row, "experiment_id")?;
     for chunk in params.chunks(CHUNK) {
-        let mut insert = Sql::new("INSERT INTO run_params (run_id, key, value, num) VALUES ");
+        let mut insert =
+            Sql::new("INSERT INTO run_params (run_id, experiment_id, key, value, num) VALUES ");
         for (i, (k, v)) in chunk.iter().enumerate() {
             if i > 0 {
                 insert.push(", ");
             }
-            insert.push("(").arg(run_id).push(", ").arg(k.as_str());
+            insert
+                .push("(")
+                .arg(run_id)
+                .push(", ")
+                .arg(experiment.as_str());
+            insert.push(", ").arg(k.as_str());
             insert.push(", ").arg(v.as_str());
             insert.push(", ").arg(common::param_num(v)).push(")");
         }
@@ -110,10 +126,13 @@ impl SqlStore {
                     None => fresh.push((k.to_string(), v.to_string())),
                 }
             }
-            insert_param_rows(&mut tx, id, &fresh).await
+            insert_param_rows(&mut tx, id, &fresh).await?;
+            Ok(fresh.len())
         }
         .await;
-        tx.finish(result).await
+        let added = tx.finish(result).await?;
+        self.statistics.note_written(added as u64);
+        Ok(())
     }
 
     pub(super) async fn remove_tag(&self, id: &str, key: &str) -> StoreResult<()> {

@@ -4,11 +4,11 @@ use std::collections::BTreeMap;
 
 use super::SqlStore;
 use crate::store::common::{self, Details, RunRow, RUN_COLUMNS};
-use crate::store::search::{self, SortValues};
-use crate::store::sql::{Conn, Row, Sql};
+use crate::store::search::{self, named};
+use crate::store::sql::{Conn, Dialect, Row, Sql, Tx, WriteHealth};
 use crate::store::{
-    flatten_params, now_ms, ExitInfo, NewRun, Run, RunEvent, RunPage, RunQuery, RunStatus,
-    RunUpdate, StoreError, StoreResult,
+    flatten_params, now_ms, ExitInfo, NewRun, QueryPlan, Run, RunEvent, RunPage, RunQuery,
+    RunStatus, RunUpdate, StoreError, StoreResult,
 };
 
 /// Rows per multi-row INSERT (4 parameters each, well under either database's limit).
@@ -33,10 +33,15 @@ fn run_rows(rows: &[Row]) -> Result<Vec<RunRow>, sqlx::Error> {
     rows.iter().map(RunRow::from_row).collect()
 }
 
-/// Appends a flattened config as write-once params.
-async fn insert_params(tx: &mut Conn, run_id: &str, config: &serde_json::Value) -> StoreResult<()> {
+/// Appends a flattened config as write-once params; returns how many it flattened to.
+async fn insert_params(
+    tx: &mut Conn,
+    run_id: &str,
+    config: &serde_json::Value,
+) -> StoreResult<usize> {
     let params: Vec<_> = flatten_params(config).into_iter().collect();
-    super::run_data::insert_param_rows(tx, run_id, &params).await
+    super::run_data::insert_param_rows(tx, run_id, &params).await?;
+    Ok(params.len())
 }
 
 /// Sets tags, replacing the values of keys the run already has.
@@ -85,33 +90,47 @@ async fn insert_event(
     event(&row)
 }
 
+/// The reads of a set of runs' tags, params and latest metrics, in that order: each one probe
+/// of the table's (run, key) key per run, so they cost what the page holds.
+fn detail_statements(ids: &[String]) -> [Sql; 3] {
+    let select = |text: &str| {
+        let mut select = Sql::new(text);
+        select.tuple(ids);
+        select
+    };
+    [
+        select("SELECT run_id, key, value FROM run_tags WHERE run_id IN "),
+        select("SELECT run_id, key, value FROM run_params WHERE run_id IN "),
+        select(
+            "SELECT run_id, key, last_step, last_value, last_time FROM metric_series \
+             WHERE count > 0 AND run_id IN ",
+        ),
+    ]
+}
+
 /// Tags, params and latest metrics of a set of runs.
 async fn details(conn: &mut Conn, ids: &[String]) -> StoreResult<Details> {
     let mut d = Details::default();
     if ids.is_empty() {
         return Ok(d);
     }
-    for (table, out) in [("run_tags", &mut d.tags), ("run_params", &mut d.params)] {
-        let mut select = Sql::new(format!(
-            "SELECT run_id, key, value FROM {table} WHERE run_id IN "
-        ));
-        select.tuple(ids);
+    let [tags, params, metrics] = detail_statements(ids);
+    for (select, out) in [(tags, &mut d.tags), (params, &mut d.params)] {
         for row in conn.fetch_all(select).await? {
-            out.push((row.get(0)?, row.get(1)?, row.get(2)?));
+            out.push((
+                named(&row, "run_id")?,
+                named(&row, "key")?,
+                named(&row, "value")?,
+            ));
         }
     }
-    let mut select = Sql::new(
-        "SELECT run_id, key, last_step, last_value, last_time FROM metric_series \
-         WHERE count > 0 AND run_id IN ",
-    );
-    select.tuple(ids);
-    for row in conn.fetch_all(select).await? {
+    for row in conn.fetch_all(metrics).await? {
         d.metrics.push((
-            row.get(0)?,
-            row.get(1)?,
-            row.get(2)?,
-            row.get(3)?,
-            row.get(4)?,
+            named(&row, "run_id")?,
+            named(&row, "key")?,
+            named(&row, "last_step")?,
+            named(&row, "last_value")?,
+            named(&row, "last_time")?,
         ));
     }
     Ok(d)
@@ -172,15 +191,18 @@ impl SqlStore {
             )
             .await
             .map_err(|e| common::map_constraint(e, "run", "run"))?;
+            let mut params = 0;
             if let Some(c) = &new.config {
-                insert_params(&mut tx, &id, c).await?;
+                params = insert_params(&mut tx, &id, c).await?;
             }
             upsert_tags(&mut tx, &id, &new.tags).await?;
             insert_event(&mut tx, &id, now, None, status, Some("created")).await?;
-            Ok(())
+            Ok(params)
         }
         .await;
-        tx.finish(result).await?;
+        let params = tx.finish(result).await?;
+        self.statistics
+            .note_written((1 + params + new.tags.len()) as u64);
         self.find_run(&id).await
     }
 
@@ -314,19 +336,95 @@ impl SqlStore {
     }
 
     pub(super) async fn search(&self, query: &RunQuery) -> StoreResult<RunPage> {
-        let mut select = Sql::default();
-        search::build_search(query, self.dialect(), &mut select)?;
+        self.search_explained(query, None).await
+    }
+
+    /// The search, and with `plans` each statement it ran beside the database's plan of it:
+    /// the page's statements (one per sort group read) and the reads of the page's tags,
+    /// params and metrics. On Postgres they run in a transaction of their own under
+    /// [`search::POSTGRES_PLANNER`].
+    pub(super) async fn search_explained(
+        &self,
+        query: &RunQuery,
+        plans: Option<&mut Vec<QueryPlan>>,
+    ) -> StoreResult<RunPage> {
         let mut conn = self.reader().await?;
-        let rows = conn.fetch_all(select).await?;
-        let mut runs = run_rows(&rows)?;
-        let sorts = rows
-            .iter()
-            .map(|row| SortValues::from_row(row, &query.sort))
-            .collect::<Result<Vec<_>, _>>()?;
+        if self.dialect() == Dialect::Sqlite {
+            return self.search_on(&mut conn, query, plans).await;
+        }
+        // Read-only work: its outcome says nothing of the database's health for writes.
+        let health = WriteHealth::default();
+        let mut tx = Tx::begin(conn, &health).await?;
+        let result = async {
+            tx.execute(Sql::new(search::POSTGRES_PLANNER)).await?;
+            self.search_on(&mut *tx, query, plans).await
+        }
+        .await;
+        tx.finish(result).await
+    }
+
+    async fn search_on(
+        &self,
+        conn: &mut Conn,
+        query: &RunQuery,
+        mut plans: Option<&mut Vec<QueryPlan>>,
+    ) -> StoreResult<RunPage> {
+        let plan = search::SearchPlan::new(query)?;
+        let wanted = plan.wanted();
+        let mut runs = Vec::new();
+        let mut sorts = Vec::new();
+        for g in plan.groups() {
+            let select = plan.statement(g, wanted - runs.len(), self.dialect())?;
+            if let Some(plans) = plans.as_deref_mut() {
+                plans.push(self.explain(conn, &select).await?);
+            }
+            for row in conn.fetch_all(select).await? {
+                runs.push(RunRow::from_row(&row)?);
+                sorts.push(plan.sort_values(g, &row)?);
+            }
+            if runs.len() >= wanted {
+                break;
+            }
+        }
         let next_cursor = search::finish_page(query, &mut runs, &sorts);
+        let ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
+        if let Some(plans) = plans {
+            for select in detail_statements(&ids) {
+                plans.push(self.explain(conn, &select).await?);
+            }
+        }
         Ok(RunPage {
-            runs: load_runs(&mut conn, runs).await?,
+            runs: load_runs(conn, runs).await?,
             next_cursor,
+        })
+    }
+
+    /// The database's plan of a statement: Postgres runs it under
+    /// `EXPLAIN (ANALYZE, FORMAT JSON)` (what each node read), SQLite answers
+    /// `EXPLAIN QUERY PLAN` (one line per step, `SCAN` or `SEARCH ... USING INDEX`).
+    async fn explain(&self, conn: &mut Conn, select: &Sql) -> StoreResult<QueryPlan> {
+        let (prefix, sqlite) = match self.dialect() {
+            Dialect::Postgres => ("EXPLAIN (ANALYZE, FORMAT JSON) ", false),
+            Dialect::Sqlite => ("EXPLAIN QUERY PLAN ", true),
+        };
+        use sqlx::Row as _;
+        let rows = conn.fetch_all(select.prefixed(prefix)).await?;
+        let mut plan = String::new();
+        for row in &rows {
+            match row {
+                Row::Sqlite(r) if sqlite => {
+                    plan.push_str(r.try_get::<String, _>("detail")?.as_str());
+                    plan.push('\n');
+                }
+                Row::Postgres(r) => {
+                    plan.push_str(&r.try_get::<serde_json::Value, _>("QUERY PLAN")?.to_string());
+                }
+                Row::Sqlite(_) => {}
+            }
+        }
+        Ok(QueryPlan {
+            statement: select.text().to_string(),
+            plan,
         })
     }
 
