@@ -21,6 +21,10 @@ pub(crate) const MIN_NOISE: f64 = 1e-6;
 /// (docs/sweeps.md).
 const LONG_SCALE_PENALTY: f64 = 1.0;
 const SHORT_SCALE_PENALTY: f64 = 0.1;
+/// A categorical parameter's distance is 0 or 1 (not a position in the cube): a long length
+/// scale there says the choices behave alike, which is a finding, not a sign of too little
+/// data, so it keeps Optuna's 0.1.
+const CATEGORICAL_LONG_SCALE_PENALTY: f64 = 0.1;
 
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Hyper {
@@ -146,6 +150,8 @@ struct Objective<'a> {
     n: usize,
     d: usize,
     y: &'a [f64],
+    /// Which dimensions are categorical.
+    cat: &'a [bool],
     /// Squared differences of each pair a > b, d entries per pair, pairs in row order.
     pairs: Vec<f64>,
 }
@@ -208,11 +214,17 @@ impl Objective<'_> {
         grad[d + 1] = 0.5 * trace_w * noise_raw;
         // On each inverse squared length scale -(LONG/x + SHORT·x), Gamma(2, 1) on the scale,
         // Gamma(1.1, 30) on the noise (constants dropped): Optuna's prior, except that a length
-        // scale longer than the unit cube costs ten times as much (see LONG_SCALE_PENALTY).
+        // scale longer than the unit cube costs ten times as much on an ordered parameter (see
+        // LONG_SCALE_PENALTY).
         let mut prior = 0.0;
         for j in 0..d {
-            prior -= LONG_SCALE_PENALTY / ils[j] + SHORT_SCALE_PENALTY * ils[j];
-            grad[j] += LONG_SCALE_PENALTY / ils[j] - SHORT_SCALE_PENALTY * ils[j];
+            let long = if self.cat[j] {
+                CATEGORICAL_LONG_SCALE_PENALTY
+            } else {
+                LONG_SCALE_PENALTY
+            };
+            prior -= long / ils[j] + SHORT_SCALE_PENALTY * ils[j];
+            grad[j] += long / ils[j] - SHORT_SCALE_PENALTY * ils[j];
         }
         prior += scale.ln() - scale;
         grad[d] += 1.0 - scale;
@@ -238,7 +250,13 @@ pub(crate) fn fit(x: &[Vec<f64>], y: &[f64], cat: &[bool], starts: &[(f64, f64, 
             pairs.extend_from_slice(&buf);
         }
     }
-    let obj = Objective { n, d, y, pairs };
+    let obj = Objective {
+        n,
+        d,
+        y,
+        cat,
+        pairs,
+    };
     let inf = vec![f64::INFINITY; d + 2];
     let neg_inf = vec![f64::NEG_INFINITY; d + 2];
     // Optuna's tolerance: a tighter one makes the fit chase numerical noise.
@@ -303,6 +321,7 @@ mod tests {
             n: x.len(),
             d: 3,
             y: &y,
+            cat: &cat,
             pairs,
         };
         let raw = [0.3, -0.5, 0.1, 0.2, -3.0];
