@@ -104,11 +104,22 @@ fn tpe_and_bayes_search_integer_log_scaled_and_categorical_parameters() {
 }
 
 #[test]
-fn bayes_finds_a_better_hartmann6_value_than_random_search_on_average() {
-    let random = mean_best(&hartmann_space(), "random", 4, 40, hartmann_of);
-    let bayes = mean_best(&hartmann_space(), "bayes", 4, 40, hartmann_of);
-    eprintln!("hartmann6 at 40: bayes {bayes:.4} random {random:.4}");
-    assert!(bayes < random - 0.5, "bayes {bayes} random {random}");
+fn bayes_finds_a_better_hartmann6_value_than_random_search_and_no_seed_stays_stuck() {
+    let random = mean_best(&hartmann_space(), "random", 4, 30, hartmann_of);
+    let bests: Vec<f64> = (0..4)
+        .map(|seed| {
+            let spec = spec_with(hartmann_space(), json!({"method": "bayes", "seed": seed}));
+            run_sequential(&spec, 30, hartmann_of)
+        })
+        .collect();
+    let bayes = bests.iter().sum::<f64>() / 4.0;
+    eprintln!("hartmann6 at 30: bayes {bayes:.4} {bests:?} random {random:.4}");
+    assert!(bayes < random - 1.0, "bayes {bayes} random {random}");
+    // Within 0.5 of the minimum (-3.32) on every seed: a fit that calls a parameter irrelevant
+    // too early leaves the search on a local optimum (seed 0 ended at -1.8 so).
+    for (seed, b) in bests.iter().enumerate() {
+        assert!(*b < -2.8, "seed {seed}: best {b}");
+    }
 }
 
 /// Distance between two points of the unit square (Branin's axes scaled by their widths).
