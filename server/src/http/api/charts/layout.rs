@@ -452,21 +452,21 @@ mod tests {
             "val/dpo/margin",
         ]));
         let titles: Vec<&str> = groups.iter().map(|g| g.title.as_str()).collect();
+        // DPO's loss is the run's train/loss (and val/loss): the Loss chart shows it once.
         assert_eq!(
             titles,
             [
                 "Loss",
-                "DPO loss",
                 "DPO reward accuracy",
                 "DPO rewards (chosen, rejected, margin)"
             ]
         );
-        assert_eq!(groups[1].keys, keys(&["dpo/loss", "val/dpo/loss"]));
+        assert_eq!(groups[0].keys, keys(&["train/loss", "val/loss"]));
         assert_eq!(
-            groups[2].keys,
+            groups[1].keys,
             keys(&["dpo/reward_accuracy", "val/dpo/reward_accuracy"])
         );
-        assert_eq!(groups[3].keys.len(), 4);
+        assert_eq!(groups[2].keys.len(), 4);
         assert_eq!(group_id("val/dpo/margin"), group_id("dpo/chosen_reward"));
     }
 }
