@@ -37,6 +37,22 @@ export class Heatmap {
     this.canvas.setAttribute("role", "img");
     this.canvas.setAttribute("aria-label", box.dataset.title || "expert utilisation heatmap");
     box.replaceChildren(this.canvas);
+    // The colour scale: what a colour means, from no tokens to the largest share drawn.
+    this.scale = document.createElement("div");
+    this.scale.className = "heat-scale";
+    const bar = document.createElement("span");
+    bar.className = "heat-scale-bar";
+    bar.style.background = `linear-gradient(to right, ${STOPS.map(([t, [r, g, b]]) => `rgb(${r},${g},${b}) ${t * 100}%`).join(", ")})`;
+    this.scaleLow = document.createElement("span");
+    this.scaleLow.textContent = "0%";
+    this.scaleHigh = document.createElement("span");
+    this.scaleHigh.className = "heat-scale-high";
+    this.scaleHigh.textContent = "–";
+    const caption = document.createElement("span");
+    caption.className = "muted";
+    caption.textContent = "of the layer's tokens";
+    this.scale.append(this.scaleLow, bar, this.scaleHigh, caption);
+    box.after(this.scale);
     this.pending = false;
     new ResizeObserver(() => this.redraw()).observe(box);
   }
@@ -84,6 +100,7 @@ export class Heatmap {
     let maxV = 0;
     for (const r of this.rows) for (const v of r.values()) maxV = Math.max(maxV, v);
     const scale = maxV > 0 ? maxV : 1;
+    this.scaleHigh.textContent = `${(scale * 100).toFixed(0)}%`;
     ctx.font = FONT;
     ctx.fillStyle = muted;
     ctx.textAlign = "right";

@@ -216,9 +216,37 @@ feed.onLatest = (key, step, value) => {
   }
 };
 
+// The header's duration: it ticks while the run runs, by the server's clock (its time at render
+// against the browser's), and stops at the end the status event records.
+const duration = document.getElementById("run-duration");
+const clockSkew = duration ? Number(duration.dataset.now) - Date.now() : 0;
+let startedAt = duration?.dataset.startedAt ? Number(duration.dataset.startedAt) : null;
+reg.status = document.getElementById("status-badge")?.textContent.trim();
+
+/** As the server writes it (views::fmt_duration): 42s, 3m 05s, 2h 07m. */
+function fmtDuration(ms) {
+  const s = Math.floor((Math.max(0, ms) + 500) / 1000);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  const two = (n) => String(n).padStart(2, "0");
+  return h > 0 ? `${h}h ${two(m)}m` : m > 0 ? `${m}m ${two(sec)}s` : `${sec}s`;
+}
+
+function showDuration(untilMs) {
+  if (!duration || startedAt == null) return;
+  duration.textContent = fmtDuration(untilMs - startedAt);
+  document.getElementById("run-duration-part").hidden = false;
+}
+
+setInterval(() => {
+  if (reg.status === "running") showDuration(Date.now() + clockSkew);
+}, 1000);
+
 function onStatus(data) {
   const st = statusOf(data);
   if (!st) return;
+  const at = typeof data.time === "number" ? data.time : Date.now() + clockSkew;
+  if (st.status === "running" && startedAt == null) startedAt = at;
+  if (reg.status === "running" && st.status !== "running") showDuration(at);
   setBadges(runId, st.status);
   reg.status = st.status;
   const active = ["queued", "running"].includes(st.status);
@@ -226,9 +254,15 @@ function onStatus(data) {
   if (stop) stop.disabled = !active;
   // A run is deleted once it has ended.
   const del = document.getElementById("delete-button");
-  if (del) del.disabled = active;
+  if (del) {
+    del.disabled = active;
+    if (!active) del.removeAttribute("title");
+  }
   const out = document.querySelector("#stop-form output");
   if (out && !["queued", "running"].includes(st.status)) out.textContent = "";
+  // A run not launched here is marked ended while it has not ended (the server's `markable`).
+  const end = document.getElementById("end-form");
+  if (end) end.hidden = !["created", "running", "lost"].includes(st.status);
 }
 
 function setLiveState(state) {
@@ -326,6 +360,17 @@ function wireForms() {
       e.target.reset();
     } catch (err) { alertBox(err.message); }
   });
+  document.getElementById("end-form")?.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const form = e.target;
+    const btn = document.getElementById("end-button");
+    btn.disabled = true;
+    try {
+      await sendJSON("POST", `${api}/end`, { status: form.status.value, reason: form.reason.value });
+      msg(form, "");
+    } catch (err) { msg(form, err.message, true); }
+    btn.disabled = false;
+  });
   document.getElementById("stop-form")?.addEventListener("submit", async (e) => {
     e.preventDefault();
     const btn = document.getElementById("stop-button");
@@ -344,8 +389,37 @@ wireMoreCharts();
 // Points up to the page's latest step come from the (downsampled) metric reads; the stream
 // only needs what follows. After a drop, EventSource resumes with Last-Event-ID.
 const afterStep = root.dataset.afterStep;
+/** Keys reported once (views: the layout's `is_summary_key`) go to the summary table. */
+const isSummaryKey = (key) => key.startsWith("data/") || key.startsWith("model/");
+function updateSummary(points) {
+  const body = document.querySelector("#summary tbody");
+  if (!body) return;
+  for (const p of points) {
+    if (!isSummaryKey(p.key)) continue;
+    feed.ignored.add(p.key);
+    let row = body.querySelector(`tr[data-summary-of="${CSS.escape(p.key)}"]`);
+    if (!row) {
+      row = document.createElement("tr");
+      row.dataset.summaryOf = p.key;
+      const th = document.createElement("th");
+      th.scope = "row";
+      th.className = "mono";
+      th.textContent = p.key;
+      const td = document.createElement("td");
+      td.className = "num mono";
+      row.append(th, td);
+      const after = [...body.children].find((r) => r.dataset.summaryOf > p.key);
+      body.insertBefore(row, after ?? null);
+    }
+    if (!row.dataset.step || p.step >= Number(row.dataset.step)) {
+      row.dataset.step = String(p.step);
+      row.querySelector("td").textContent = formatMetric(p.value);
+    }
+    document.getElementById("summary-section").hidden = false;
+  }
+}
 subscribe(`${api}/events${afterStep ? `?after_step=${afterStep}` : ""}`, {
-  points: (data) => feed.push(data.points),
+  points: (data) => { updateSummary(data.points); feed.push(data.points); },
   status: onStatus,
   // The server ended the stream on its own failure; the browser reconnects and resumes.
   stream_error: () => setLiveState("reconnecting"),

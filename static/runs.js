@@ -3,6 +3,13 @@
 // and saved columns (kept in this browser: a table opened without `cols=` uses them).
 import { subscribe, statusOf, setBadges } from "./live.js";
 
+// MLflow clients print links into MLflow's own UI (`/#/experiments/1/runs/ID`, a fragment the
+// server never sees): open the run, or the experiment, they name.
+{
+  const m = /^#\/experiments\/([0-9]+)(?:\/runs\/([0-9a-f]{32}))?/.exec(location.hash);
+  if (m) location.replace(m[2] ? `/runs/${m[2]}` : `/experiments/${m[1]}`);
+}
+
 // A status change of a run the table does not show yet: fetch this same page again and swap
 // in its rows (the server decides filter, sort and columns), keeping what was selected.
 let refreshing = null;
@@ -52,12 +59,24 @@ const update = () => {
 form?.addEventListener("change", update);
 if (form) update();
 
-const COLS_KEY = "trainyard.cols";
+// Saved columns are kept per experiment (the table of all runs has its own), in this browser.
+const experiment = form?.dataset.experiment || "";
+const COLS_KEY = `trainyard.cols.${experiment || "all"}`;
 const colsInput = document.getElementById("f-cols");
+const saveCols = (cols) => {
+  if (cols) localStorage.setItem(COLS_KEY, cols); else localStorage.removeItem(COLS_KEY);
+};
 document.getElementById("save-cols")?.addEventListener("click", (e) => {
   const cols = colsInput.value.trim();
-  if (cols) localStorage.setItem(COLS_KEY, cols); else localStorage.removeItem(COLS_KEY);
+  saveCols(cols);
   e.target.textContent = cols ? "Saved" : "Cleared";
+  colsInput.form.requestSubmit();
+});
+// The chooser: the ticked keys become the columns, applied and kept for this experiment.
+document.getElementById("col-chooser-apply")?.addEventListener("click", () => {
+  const ticked = [...document.querySelectorAll("#col-chooser input[type=checkbox]:checked")].map((i) => i.value);
+  colsInput.value = ticked.join(", ");
+  saveCols(colsInput.value);
   colsInput.form.requestSubmit();
 });
 const saved = localStorage.getItem(COLS_KEY);

@@ -47,8 +47,11 @@ pub struct SubmitArgs {
     /// Relaunch a failed run (resuming from its latest checkpoint) up to this many times.
     #[arg(long, default_value_t = 0)]
     pub max_restarts: u32,
+    /// Experiment to put the run in, by name or id (a new name creates it) [default: the
+    /// shared `Default` experiment].
     #[arg(long)]
     pub experiment: Option<String>,
+    /// The run's name [default: one the server makes up].
     #[arg(long)]
     pub name: Option<String>,
     /// Stream the run's output and metrics until it ends; exit 0 only if it finished.
@@ -57,6 +60,11 @@ pub struct SubmitArgs {
     /// Bearer token of a server that requires one.
     #[arg(long, env = "TRAINYARD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+}
+
+/// The run's page on the server `server` names.
+pub fn run_page(server: &str, id: &str) -> String {
+    format!("{}/runs/{id}", server.trim_end_matches('/'))
 }
 
 /// Exit codes of `submit --follow`: 0 only for a finished run, 3 for a stopped one.
@@ -140,6 +148,8 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<i32> {
             .map_err(refused("launch"))?,
     };
     println!("run {} {}", run.id, run.status);
+    // Where to watch it (on stderr, beside the metrics, so stdout stays the run's own output).
+    eprintln!("page: {}", run_page(&args.server, &run.id));
     if !args.follow {
         return Ok(0);
     }

@@ -149,9 +149,10 @@ async fn a_run_page_opened_before_its_first_metric_draws_every_new_key_live_grou
         .iter()
         .filter_map(|c| c["title"].as_str())
         .collect();
+    // Training charts first, MoE's own series after them, system metrics last.
     assert_eq!(
         titles,
-        ["Loss", "aux_loss", "Learning rate", "sys/rss_mb"],
+        ["Loss", "Learning rate", "aux_loss", "sys/rss_mb"],
         "{live}"
     );
     assert_eq!(

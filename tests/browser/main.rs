@@ -11,10 +11,16 @@ mod kit;
 mod support;
 
 mod charts;
+mod ended;
 mod export;
+mod finetune;
+mod forms;
 mod guide_options;
 mod mlflow;
 mod resume;
+mod run_page;
+mod runs_table;
+mod smaller;
 mod sweeps;
 mod teams;
 

@@ -30,6 +30,7 @@ pub enum AuditAction {
     RunCreate,
     RunLaunch,
     RunStop,
+    RunMarkEnded,
     RunResume,
     RunDelete,
     RunSoftDelete,
@@ -43,7 +44,7 @@ pub enum AuditAction {
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 29] = [
+    pub const ALL: [AuditAction; 30] = [
         AuditAction::SignIn,
         AuditAction::SignInFailed,
         AuditAction::TokenCreate,
@@ -63,6 +64,7 @@ impl AuditAction {
         AuditAction::RunCreate,
         AuditAction::RunLaunch,
         AuditAction::RunStop,
+        AuditAction::RunMarkEnded,
         AuditAction::RunResume,
         AuditAction::RunDelete,
         AuditAction::RunSoftDelete,
@@ -96,6 +98,7 @@ impl AuditAction {
             AuditAction::RunCreate => "run_create",
             AuditAction::RunLaunch => "run_launch",
             AuditAction::RunStop => "run_stop",
+            AuditAction::RunMarkEnded => "run_mark_ended",
             AuditAction::RunResume => "run_resume",
             AuditAction::RunDelete => "run_delete",
             AuditAction::RunSoftDelete => "run_soft_delete",

@@ -230,6 +230,11 @@ const RULES: &[(Method, &str, Rule)] = &[
         "/api/v1/runs/{id}/resume",
         Rule::Run(Level::Edit),
     ),
+    (
+        Method::POST,
+        "/api/v1/runs/{id}/end",
+        Rule::Run(Level::Edit),
+    ),
     (Method::GET, "/api/v1/sweeps", Rule::SignedIn),
     (Method::POST, "/api/v1/sweeps", Rule::SignedIn),
     (Method::GET, "/api/v1/sweeps/{id}", Rule::Sweep(Level::Read)),
@@ -260,6 +265,7 @@ const RULES: &[(Method, &str, Rule)] = &[
     ),
     // --- pages ---
     (Method::GET, "/static/{*file}", Rule::Public),
+    (Method::GET, "/api-docs", Rule::Public),
     (Method::GET, "/sign-in", Rule::Public),
     (Method::POST, "/sign-in", Rule::Public),
     (Method::POST, "/sign-out", Rule::Public),
@@ -289,6 +295,7 @@ const RULES: &[(Method, &str, Rule)] = &[
     (Method::POST, "/runs/{id}/tags", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/notes", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/stop", Rule::Run(Level::Edit)),
+    (Method::POST, "/runs/{id}/end", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/relaunch", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/resume", Rule::Run(Level::Edit)),
     (Method::POST, "/runs/{id}/delete", Rule::Run(Level::Manage)),

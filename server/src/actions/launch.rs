@@ -286,6 +286,18 @@ pub async fn launch_run(
             Err(_) => return Err(run_path.refusal.into()),
         }
     }
+    // The model of a fine-tune is its checkpoint's (read only once access to it is checked,
+    // so a refusal never shows a hidden run's model).
+    let config = match config {
+        Some(c) => Some(
+            tokio::task::spawn_blocking(move || {
+                super::finetune::check_starting_model(&c).map(|()| c)
+            })
+            .await
+            .map_err(Error::internal)??,
+        ),
+        None => None,
+    };
     let config = config
         .map(|c| serde_json::to_value(&c))
         .transpose()

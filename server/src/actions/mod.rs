@@ -5,6 +5,7 @@
 pub mod accounts;
 pub mod admin;
 pub mod create;
+pub mod finetune;
 pub mod launch;
 pub mod paths;
 pub mod runs;
@@ -13,4 +14,4 @@ pub mod sharing;
 
 pub use create::{create_run, TrackedRun};
 pub use launch::{launch_run, CommandSpec, LaunchRequest, Resources};
-pub use runs::{delete_run, edit_run, resume_run, stop_run};
+pub use runs::{delete_run, edit_run, mark_ended, resume_run, stop_run};

@@ -14,6 +14,7 @@ mod auth;
 mod bounds;
 mod charts;
 mod cli;
+mod ended;
 mod errors;
 mod events;
 mod experiments;

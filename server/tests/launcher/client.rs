@@ -299,4 +299,12 @@ async fn submit_follow_prints_a_character_that_arrives_split_across_two_reads_wh
         stdout, "run 0123456789abcdef0123456789abcdef queued\nhéllo ✓ 日本\n",
         "{stderr}"
     );
+    // Where to watch it, on stderr.
+    assert!(
+        stderr.contains(&format!(
+            "page: {}/runs/0123456789abcdef0123456789abcdef",
+            address.trim_end_matches('/')
+        )),
+        "{stderr}"
+    );
 }

@@ -93,6 +93,19 @@ pub struct DataStats {
     pub cache_hit: bool,
     /// Hex key of the cache entry (empty for `dummy`).
     pub cache_key: String,
+    /// Preference data (DPO): its pairs and how many repeat an earlier one exactly; `None`
+    /// for text. Its counts replace the text's documents and tokens on the run page.
+    #[serde(default)]
+    pub pairs: Option<PairStats>,
+}
+
+/// What a DPO run's preference file held.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PairStats {
+    pub train: usize,
+    pub val: usize,
+    /// Pairs (prompt, chosen, rejected) identical to an earlier one in the file.
+    pub duplicates: usize,
 }
 
 impl DataStats {
@@ -102,6 +115,13 @@ impl DataStats {
     pub fn metrics(&self, data: &DataConfig) -> BTreeMap<String, f64> {
         let mut out = BTreeMap::new();
         if data.dataset == "dummy" {
+            return out;
+        }
+        if let Some(pairs) = &self.pairs {
+            out.insert("data/pairs".into(), (pairs.train + pairs.val) as f64);
+            out.insert("data/train_pairs".into(), pairs.train as f64);
+            out.insert("data/val_pairs".into(), pairs.val as f64);
+            out.insert("data/duplicate_pairs".into(), pairs.duplicates as f64);
             return out;
         }
         out.insert("data/documents".into(), self.documents as f64);
@@ -233,6 +253,7 @@ fn prepare_text(
         vocab_size: tokenizer.vocab_size(),
         cache_hit: false,
         cache_key: key.clone(),
+        pairs: None,
     };
     let (train, val) = cache::write(&root, &key, &tokenizer, &train, &val, &stats)?;
     Ok(PreparedData {
@@ -271,6 +292,7 @@ fn prepare_dummy(cfg: &Config) -> Result<PreparedData> {
         vocab_size: dummy.vocab_size(),
         cache_hit: false,
         cache_key: String::new(),
+        pairs: None,
     };
     Ok(PreparedData {
         tokenizer: TextTokenizer::Bytes,
@@ -291,6 +313,30 @@ mod tests {
     }
 
     type Mutation = fn(&mut Config);
+
+    #[test]
+    fn preference_data_reports_its_pairs_and_duplicates_not_text_counts() {
+        let stats = DataStats {
+            documents: 10,
+            pairs: Some(PairStats {
+                train: 9,
+                val: 1,
+                duplicates: 4,
+            }),
+            ..DataStats::default()
+        };
+        let m = stats.metrics(&config("pairs.jsonl").data);
+        assert_eq!(
+            m.keys().map(String::as_str).collect::<Vec<_>>(),
+            [
+                "data/duplicate_pairs",
+                "data/pairs",
+                "data/train_pairs",
+                "data/val_pairs"
+            ]
+        );
+        assert_eq!((m["data/pairs"], m["data/duplicate_pairs"]), (10.0, 4.0));
+    }
 
     #[test]
     fn out_of_range_settings_are_rejected_with_their_key() {

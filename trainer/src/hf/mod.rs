@@ -71,9 +71,14 @@ pub fn arch_for(cfg: &ModelConfig) -> Result<Arch, String> {
     };
     match (cfg.position, cfg.norm, cfg.activation, &cfg.moe) {
         (Learned, LayerNorm, Gelu, None) => Ok(Arch::Gpt2),
-        (Learned, LayerNorm, Gelu, Some(_)) => {
-            Err("GPT-2 has no Mixture-of-Experts layers (model.moe is set)".to_string())
-        }
+        (Learned, LayerNorm, Gelu, Some(_)) => Err(
+            "GPT-2 has no Mixture-of-Experts layers (model.moe is set); as \
+                 MixtralForCausalLM it would need model.position rope, model.norm rmsnorm and \
+                 model.activation swiglu, with MoE in every block (model.moe.every_n_layers 1), \
+                 model.moe.capacity_factor 0, model.moe.top_k 2 or more, no shared expert and \
+                 model.bias false"
+                .to_string(),
+        ),
         (Rope, RmsNorm, Swiglu, None) => Ok(Arch::Llama),
         (Rope, RmsNorm, Swiglu, Some(moe)) => {
             let refuse = |why: String| Err(format!("MixtralForCausalLM: {why}"));
@@ -387,9 +392,13 @@ mod tests {
             moe: Some(MoeConfig::default()),
             ..ModelConfig::default()
         };
-        assert!(arch_for(&gpt_moe)
-            .unwrap_err()
-            .contains("GPT-2 has no Mixture-of-Experts"));
+        let why = arch_for(&gpt_moe).unwrap_err();
+        assert!(why.contains("GPT-2 has no Mixture-of-Experts"), "{why}");
+        // It says what would make the model exportable as Mixtral.
+        assert!(
+            why.contains("MixtralForCausalLM") && why.contains("model.position rope"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -122,6 +122,12 @@ pub fn prepare_preferences(
             frozen_model(cfg, Some(&spec), device).context("training.dpo.reference")?
         }
     };
+    let mut seen = std::collections::HashSet::new();
+    let duplicates = train
+        .iter()
+        .chain(&val)
+        .filter(|p| !seen.insert((&p.prompt, &p.chosen, &p.rejected)))
+        .count();
     let stats = DataStats {
         documents: train.len() + val.len(),
         filtered: FilterStats::default(),
@@ -132,6 +138,11 @@ pub fn prepare_preferences(
         vocab_size: tokenizer.vocab_size(),
         cache_hit: false,
         cache_key: String::new(),
+        pairs: Some(crate::data::PairStats {
+            train: train.len(),
+            val: val.len(),
+            duplicates,
+        }),
     };
     let data = PreparedData {
         tokenizer,

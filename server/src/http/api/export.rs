@@ -82,14 +82,39 @@ fn expected_size(run_dir: &FsPath, params: Option<f64>) -> anyhow::Result<u64> {
         .saturating_add(64 * 1024))
 }
 
+/// Why the model of the checkpoint the run in `run_dir` exports fits no `transformers`
+/// architecture, in words naming the config keys; `None` when it fits one (blocking).
+fn model_refusal(source: &FsPath) -> anyhow::Result<Option<String>> {
+    let config = trainer::checkpoint::read_config(source)?;
+    Ok(trainer::hf::arch_for(&config.model)
+        .err()
+        .map(|why| format!("this run's model cannot be exported to Hugging Face format: {why}")))
+}
+
+/// Why the run has no Hugging Face export to offer (not finished, no checkpoint here, a model
+/// no `transformers` architecture fits), in words for a person; `None` when the download
+/// works. The one check behind the API's 409 and the run page's download (blocking: it reads
+/// the run directory).
+pub fn unavailable(id: &str, status: RunStatus, run_dir: &FsPath) -> Option<String> {
+    let has_checkpoint = !checkpoints::list(run_dir).is_empty();
+    if let Some(why) = refusal(id, status, has_checkpoint) {
+        return Some(why);
+    }
+    let source = trainer::checkpoint::resolve_for_reading(run_dir).ok()?;
+    match model_refusal(&source) {
+        Ok(why) => why,
+        // An unreadable config is the export's own failure (a 500 with its cause), not a
+        // refusal.
+        Err(_) => None,
+    }
+}
+
 /// Exports the run's best (else latest) checkpoint into `out` (blocking).
 fn export(run_dir: &FsPath, out: &FsPath) -> anyhow::Result<Made> {
     let source = trainer::checkpoint::resolve_for_reading(run_dir)?;
-    let config = trainer::checkpoint::read_config(&source)?;
-    if let Err(why) = trainer::hf::arch_for(&config.model) {
-        return Ok(Made::Refused(format!(
-            "this run's model cannot be exported to Hugging Face format: {why}"
-        )));
+    // Checked again: the checkpoint may have changed since the request was admitted.
+    if let Some(why) = model_refusal(&source)? {
+        return Ok(Made::Refused(why));
     }
     trainer::hf::export::export(&source, out, true)?;
     Ok(Made::Files(archive::files(out)?))
@@ -138,12 +163,11 @@ pub async fn export_hf(
 ) -> Result<Response, ApiError> {
     let run = state.store.get_run(&id).await?;
     let run_dir = state.launcher.run_dir(&run.id);
-    let listed = run_dir.clone();
-    let has_checkpoint =
-        tokio::task::spawn_blocking(move || !checkpoints::list(&listed).is_empty())
-            .await
-            .map_err(|e| ApiError::Internal(e.into()))?;
-    if let Some(message) = refusal(&id, run.status, has_checkpoint) {
+    let (listed, status, run_id) = (run_dir.clone(), run.status, run.id.clone());
+    let refused = tokio::task::spawn_blocking(move || unavailable(&run_id, status, &listed))
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))?;
+    if let Some(message) = refused {
         return Err(ApiError::Conflict {
             field: None,
             message,

@@ -49,6 +49,7 @@ use crate::app::AppState;
         super::events::run_events,
         super::events::all_events,
         super::launch::stop_run,
+        super::launch::mark_ended,
         super::checkpoints::list_checkpoints,
         super::checkpoints::download,
         super::export::export_hf,

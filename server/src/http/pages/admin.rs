@@ -22,6 +22,21 @@ pub struct UsersPage {
     pub nav: &'static str,
     pub users: Vec<User>,
     pub teams: Vec<Team>,
+    /// A refused team-membership change, shown in its team's row with what was typed.
+    pub member_error: Option<MemberError>,
+}
+
+/// A refused change to a team's members: the team's row keeps the typed name and says why.
+pub struct MemberError {
+    pub team_id: String,
+    pub user: String,
+    pub message: String,
+}
+
+impl UsersPage {
+    fn member_error_of(&self, team_id: &str) -> Option<&MemberError> {
+        self.member_error.as_ref().filter(|e| e.team_id == team_id)
+    }
 }
 
 pub(super) async fn users(State(state): State<AppState>) -> PageResult {
@@ -29,7 +44,13 @@ pub(super) async fn users(State(state): State<AppState>) -> PageResult {
         nav: "users",
         users: state.store.list_users().await?,
         teams: state.store.list_teams().await?,
+        member_error: None,
     })
+}
+
+/// A page answering a form's mistake: the same page, with the status the API would answer.
+fn refused(status: axum::http::StatusCode, t: impl Template) -> PageResult {
+    Ok((status, axum::response::Html(t.render()?)).into_response())
 }
 
 #[derive(Deserialize)]
@@ -121,8 +142,36 @@ pub(super) async fn team_member(
     Form(f): Form<MemberForm>,
 ) -> PageResult {
     let member = f.action != "remove";
-    admin::set_membership(&state, &actor, &team, &f.user, member).await?;
-    Ok(Redirect::to("/admin/users").into_response())
+    match admin::set_membership(&state, &actor, &team, &f.user, member)
+        .await
+        .map_err(crate::http::error::ApiError::from)
+    {
+        Ok(()) => Ok(Redirect::to("/admin/users").into_response()),
+        // A mistake in the form (an unknown user) is answered in the team's row.
+        Err(e)
+            if e.status().is_client_error() && e.status() != axum::http::StatusCode::FORBIDDEN =>
+        {
+            let status = e.status();
+            let teams = state.store.list_teams().await?;
+            if !teams.iter().any(|t| t.id == team) {
+                return Err(e.into());
+            }
+            refused(
+                status,
+                UsersPage {
+                    nav: "users",
+                    users: state.store.list_users().await?,
+                    teams,
+                    member_error: Some(MemberError {
+                        team_id: team,
+                        user: f.user,
+                        message: e.to_string(),
+                    }),
+                },
+            )
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[derive(Template)]
@@ -213,6 +262,17 @@ pub struct SharingPage {
     pub grants: Vec<(String, &'static str)>,
     /// Whether the caller may change the grants (MANAGE).
     pub manage: bool,
+    /// The grant form as typed, and why it was refused (shown at the field it names).
+    pub form: GrantFormView,
+}
+
+#[derive(Default)]
+pub struct GrantFormView {
+    pub subject: String,
+    pub level: String,
+    pub error: Option<String>,
+    /// `subject` or `level`: where the error is shown.
+    pub error_field: String,
 }
 
 pub(super) async fn sharing(
@@ -220,14 +280,23 @@ pub(super) async fn sharing(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> PageResult {
-    let experiment = state.store.get_experiment(&id).await?;
+    html(sharing_page(&state, &principal, &id, GrantFormView::default()).await?)
+}
+
+async fn sharing_page(
+    state: &AppState,
+    principal: &Principal,
+    id: &str,
+    form: GrantFormView,
+) -> Result<SharingPage, super::PageError> {
+    let experiment = state.store.get_experiment(id).await?;
     let sharing = state.store.experiment_sharing(&experiment.id).await?;
     let grants = state.store.list_grants(&experiment.id).await?;
     let manage = principal
         .level_on(state.store.as_ref(), &experiment.id)
         .await?
         >= Level::Manage;
-    html(SharingPage {
+    Ok(SharingPage {
         nav: "runs",
         experiment_id: experiment.id,
         experiment: experiment.name,
@@ -238,6 +307,7 @@ pub(super) async fn sharing(
             .map(|g| (g.subject.label(), g.level.as_str()))
             .collect(),
         manage,
+        form,
     })
 }
 
@@ -269,11 +339,43 @@ pub(super) async fn set_sharing(
             level: f.level,
         },
         _ => {
-            return Err(super::PageError::BadRequest(
-                "subject: write user:NAME or team:NAME".into(),
-            ))
+            let hint = if subject.is_empty() || subject.contains(':') {
+                String::new()
+            } else {
+                format!(" (for example team:{subject} or user:{subject})")
+            };
+            let form = GrantFormView {
+                error: Some(format!("write user:NAME or team:NAME{hint}")),
+                error_field: "subject".into(),
+                subject: f.subject,
+                level: f.level,
+            };
+            let page = sharing_page(&state, &principal, &experiment.id, form).await?;
+            return refused(axum::http::StatusCode::UNPROCESSABLE_ENTITY, page);
         }
     };
-    apply_grant(&state, &principal, client.as_deref(), &experiment, &change).await?;
-    Ok(Redirect::to(&format!("/experiments/{}/sharing", experiment.id)).into_response())
+    match apply_grant(&state, &principal, client.as_deref(), &experiment, &change)
+        .await
+        .map_err(crate::http::error::ApiError::from)
+    {
+        Ok(()) => {
+            Ok(Redirect::to(&format!("/experiments/{}/sharing", experiment.id)).into_response())
+        }
+        // A mistake in the form (no such user or team, a bad level) is answered at its field.
+        Err(e)
+            if e.status().is_client_error() && e.status() != axum::http::StatusCode::FORBIDDEN =>
+        {
+            let status = e.status();
+            let field = e.field().unwrap_or_default();
+            let form = GrantFormView {
+                error: Some(e.to_string()),
+                error_field: if field == "level" { "level" } else { "subject" }.into(),
+                subject: f.subject,
+                level: change.level,
+            };
+            let page = sharing_page(&state, &principal, &experiment.id, form).await?;
+            refused(status, page)
+        }
+        Err(e) => Err(e.into()),
+    }
 }

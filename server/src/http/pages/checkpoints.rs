@@ -21,6 +21,7 @@ pub async fn rows(state: &AppState, run_id: &str) -> Vec<CheckpointRow> {
         .map(|c| CheckpointRow {
             archive_href: format!("/api/v1/runs/{run_id}/checkpoints/{}/archive", enc(&c.name)),
             sample_href: format!("/runs/{run_id}/checkpoints/{}/sample", enc(&c.name)),
+            finetune_href: format!("/launch?from={run_id}&checkpoint={}", enc(&c.name)),
             time: fmt_time(c.time),
             size: fmt_bytes(c.size_bytes),
             val_loss: c.val_loss.map(fmt_value).unwrap_or_default(),
@@ -45,13 +46,16 @@ pub async fn panels(State(state): State<AppState>, Path(id): Path<String>) -> Pa
     let events = state.store.run_events(&id, None).await?;
     let history = super::run::history_rows(&events);
     let guard_events = super::guard::guard_events(state.store.as_ref(), &id).await?;
+    let (export_href, export_unavailable) =
+        super::run::export_offer(&state, &run, &checkpoints).await;
     html(RunPanels {
         run: PanelRun {
             resumable: resumable(run.status, &checkpoints),
             status: run.status.as_str(),
             status_reason: super::run::status_reason(&events, run.status),
             parameters: super::run::parameters_label(&run.latest_metrics),
-            export_href: super::run::export_href(&run, &checkpoints),
+            export_href,
+            export_unavailable,
             id,
         },
         checkpoints,

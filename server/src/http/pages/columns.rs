@@ -65,9 +65,11 @@ fn telling(key: &str, values: &[Option<&String>]) -> i32 {
     if present.iter().any(|v| v.contains('/')) {
         score -= 3;
     }
-    // A value unique to every run is more likely an id than a varied setting.
+    // A text unique to every run is more likely an id than a varied setting (a number unique
+    // to every run is a swept value).
     let distinct: BTreeSet<&String> = present.iter().copied().collect();
-    if values.len() > 2 && distinct.len() == values.len() {
+    let numeric = present.iter().all(|v| v.parse::<f64>().is_ok());
+    if values.len() > 2 && distinct.len() == values.len() && !numeric {
         score -= 1;
     }
     score
@@ -106,24 +108,76 @@ pub fn table_columns(cols: &str, runs: &[Run]) -> (Vec<String>, Vec<String>) {
                 .map(|k| k.to_string()),
         );
     }
+    params.extend(ranked_params(runs).into_iter().take(DEFAULT_PARAMS));
+    (params, metrics)
+}
+
+/// The params that differ among `runs`, most telling first: those a sweep varies (they differ
+/// among the runs of one sweep), then by [`telling`], then those with more distinct values
+/// (they differ most), the key's name breaking ties so the order is stable.
+pub fn ranked_params(runs: &[Run]) -> Vec<String> {
     let param_keys: BTreeSet<&String> = runs.iter().flat_map(|r| r.params.keys()).collect();
-    let mut differing: Vec<(i32, &String)> = param_keys
+    let mut sweeps: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
+    for r in runs {
+        if let Some(sweep) = r.tags.get(crate::sweeps::SWEEP_TAG) {
+            sweeps.entry(sweep.as_str()).or_default().push(r);
+        }
+    }
+    let mut differing: Vec<(bool, i32, usize, &String)> = param_keys
         .into_iter()
         .filter_map(|k| {
             let values: Vec<Option<&String>> = runs.iter().map(|r| r.params.get(k)).collect();
             let differs = values.iter().any(|v| *v != values[0]);
-            differs.then(|| (telling(k, &values), k))
+            if !differs {
+                return None;
+            }
+            let swept = sweeps.values().any(|trials| {
+                let first = trials[0].params.get(k);
+                trials.iter().any(|t| t.params.get(k) != first)
+            });
+            let distinct: BTreeSet<&Option<&String>> = values.iter().collect();
+            Some((swept, telling(k, &values), distinct.len(), k))
         })
         .collect();
-    // Most telling first; the key's name breaks ties, so the order is stable.
-    differing.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
-    params.extend(
-        differing
+    differing.sort_by(|a, b| (b.0, b.1, b.2).cmp(&(a.0, a.1, a.2)).then(a.3.cmp(b.3)));
+    differing.into_iter().map(|(.., k)| k.clone()).collect()
+}
+
+/// At most this many keys are offered in the column chooser (a run may log any number).
+pub const CHOOSER_KEYS: usize = 200;
+
+/// The keys a person may pick as columns: params that differ first (as ranked), then the
+/// others, then the metrics (no per-expert MoE series), at most [`CHOOSER_KEYS`] in all, each
+/// as the `cols=` term it adds (`params.X`, `metrics.X`).
+pub fn chooser_keys(runs: &[Run]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let ranked = ranked_params(runs);
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    let all: BTreeSet<&String> = runs.iter().flat_map(|r| r.params.keys()).collect();
+    for k in ranked.iter().chain(all.into_iter()) {
+        if seen.insert(k.clone()) {
+            out.push(format!("params.{k}"));
+        }
+    }
+    let metrics: BTreeSet<&String> = runs.iter().flat_map(|r| r.latest_metrics.keys()).collect();
+    out.extend(
+        metrics
             .into_iter()
-            .take(DEFAULT_PARAMS)
-            .map(|(_, k)| k.clone()),
+            .filter(|k| moe_keys::parse_expert(k).is_none())
+            .map(|k| format!("metrics.{k}")),
     );
-    (params, metrics)
+    out.truncate(CHOOSER_KEYS);
+    out
+}
+
+/// A param's value as the table shows it: a float rounded for reading (`0.0015482797056940566`
+/// → `0.001548`), anything else as stored.
+pub fn shown_param(value: &str) -> String {
+    let looks_float = value.contains(['.', 'e', 'E']);
+    match value.parse::<f64>() {
+        Ok(v) if looks_float && v.is_finite() => super::views::fmt_value(v),
+        _ => value.to_string(),
+    }
 }
 
 /// The best value of each (run, eval metric) among `extremes`.
@@ -187,6 +241,46 @@ mod tests {
                 vec!["val/loss".to_string()]
             )
         );
+    }
+
+    #[test]
+    fn a_swept_param_comes_first_and_floats_are_rounded_for_reading() {
+        let mut a = run(&[
+            ("model.d_ff", "128"),
+            ("training.learning_rate", "0.0015482797056940566"),
+            ("training.batch_size", "8"),
+        ]);
+        let mut b = run(&[
+            ("model.d_ff", "256"),
+            ("training.learning_rate", "0.0031"),
+            ("training.batch_size", "8"),
+        ]);
+        let c = run(&[
+            ("model.d_ff", "512"),
+            ("training.learning_rate", "0.0031"),
+            ("training.batch_size", "16"),
+        ]);
+        // a and b are trials of one sweep that varies the learning rate and d_ff; c is apart.
+        for r in [&mut a, &mut b] {
+            r.tags.insert(crate::sweeps::SWEEP_TAG.into(), "s1".into());
+        }
+        a.params.insert("model.d_ff".into(), "256".into());
+        let ranked = ranked_params(&[a.clone(), b.clone(), c.clone()]);
+        assert_eq!(ranked[0], "training.learning_rate", "{ranked:?}");
+        // Without a sweep, the param with more distinct values differs most.
+        let ranked = ranked_params(&[
+            run(&[("model.d_ff", "1"), ("model.n_layers", "2")]),
+            run(&[("model.d_ff", "2"), ("model.n_layers", "2")]),
+            run(&[("model.d_ff", "3"), ("model.n_layers", "4")]),
+        ]);
+        assert_eq!(ranked, vec!["model.d_ff", "model.n_layers"]);
+        assert_eq!(shown_param("0.0015482797056940566"), "0.001548");
+        assert_eq!(shown_param("8"), "8");
+        assert_eq!(shown_param("cosine"), "cosine");
+        assert_eq!(shown_param("3e-4"), "3.000e-4");
+        let keys = chooser_keys(&[a, b, c]);
+        assert_eq!(keys[0], "params.training.learning_rate");
+        assert!(keys.contains(&"params.training.batch_size".to_string()));
     }
 
     #[test]

@@ -58,6 +58,112 @@ pub fn launch_request(
 #[derive(Debug, Deserialize)]
 pub struct ProfileParams {
     profile: Option<String>,
+    /// "Fine-tune from here": the run, its checkpoint (a name the panel lists) and `lora` or
+    /// `dpo`.
+    from: Option<String>,
+    checkpoint: Option<String>,
+    method: Option<String>,
+}
+
+/// The checkpoint a fine-tune starts from, once the caller may read its run: its directory
+/// and saved config. A run or checkpoint the caller cannot see is not found.
+async fn base_checkpoint(
+    state: &AppState,
+    principal: &Principal,
+    run_id: &str,
+    name: &str,
+) -> Result<(std::path::PathBuf, trainer::config::Config), PageError> {
+    super::check_run_id(run_id)?;
+    crate::access::require_run(state, principal, run_id, Level::Read)
+        .await
+        .map_err(crate::http::ApiError::from)?;
+    let run_dir = state.launcher.run_dir(run_id);
+    let name = name.to_string();
+    let found = tokio::task::spawn_blocking(move || {
+        let (_, dir) = crate::checkpoints::find(&run_dir, &name)?;
+        let source = trainer::checkpoint::resolve_for_reading(&dir).ok()?;
+        let config = trainer::checkpoint::read_config(&source).ok()?;
+        Some((dir, config))
+    })
+    .await
+    .map_err(|e| PageError::Internal(e.to_string()))?;
+    found.ok_or_else(|| PageError::NotFound(format!("run `{run_id}` has no such checkpoint")))
+}
+
+/// The form's YAML for a fine-tune of a checkpoint: its training and data keys, with
+/// `training.init_from` set to it and LoRA or DPO switched on; no `model` section (the
+/// checkpoint's is added at launch, see [`with_base_model`]).
+fn finetune_yaml(
+    run_name: &str,
+    checkpoint: &str,
+    dir: &std::path::Path,
+    method: &str,
+    base: &trainer::config::Config,
+) -> Result<String, PageError> {
+    let mut training = base.training.clone();
+    training.init_from = Some(dir.display().to_string());
+    training.curriculum.clear();
+    let intro = match method {
+        "dpo" => {
+            training.objective = trainer::config::Objective::Dpo;
+            training.dpo = trainer::config::DpoConfig::default();
+            training.lora = Some(trainer::config::LoraConfig::default());
+            "with DPO (LoRA adapters; data.dataset must be a JSONL file of {\"prompt\", \
+             \"chosen\", \"rejected\"} records)"
+        }
+        _ => {
+            training.objective = trainer::config::Objective::Lm;
+            training.lora = Some(trainer::config::LoraConfig::default());
+            "with LoRA"
+        }
+    };
+    // The token cache is the server's (the base run's may have been anywhere).
+    let data = trainer::config::DataConfig {
+        cache_dir: trainer::config::DataConfig::default().cache_dir,
+        ..base.data.clone()
+    };
+    let body = serde_json::json!({ "training": training, "data": data });
+    let yaml = serde_yaml_ng::to_string(&body).map_err(|e| PageError::Internal(e.to_string()))?;
+    Ok(format!(
+        "# Fine-tune of run {run_name} from its checkpoint {checkpoint}, {intro}.\n\
+         # The model is the checkpoint's: its model.* keys are added when you launch.\n{yaml}"
+    ))
+}
+
+/// The form's YAML with the base checkpoint's `model` section under its own `model` keys (the
+/// launch then checks those against the checkpoint and names one that differs). YAML that does
+/// not parse is left as typed: the launch shows the syntax error at its line.
+fn with_base_model(yaml: &str, base: &trainer::config::Config) -> Result<String, PageError> {
+    let Ok(mut doc) = serde_yaml_ng::from_str::<serde_json::Value>(yaml) else {
+        return Ok(yaml.to_string());
+    };
+    let Some(map) = doc.as_object_mut() else {
+        return Ok(yaml.to_string());
+    };
+    let mut model =
+        serde_json::to_value(&base.model).map_err(|e| PageError::Internal(e.to_string()))?;
+    if let Some(typed) = map.remove("model") {
+        overlay(&mut model, typed);
+    }
+    map.insert("model".to_string(), model);
+    serde_yaml_ng::to_string(&doc).map_err(|e| PageError::Internal(e.to_string()))
+}
+
+/// `top`'s keys over `base`'s, section by section.
+fn overlay(base: &mut serde_json::Value, top: serde_json::Value) {
+    match (base, top) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(t)) => {
+            for (k, v) in t {
+                match b.get_mut(&k) {
+                    Some(slot) => overlay(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, top) => *slot = top,
+    }
 }
 
 /// The experiments the caller may launch into (EDIT or more), by name, and the one the form
@@ -116,6 +222,34 @@ pub async fn form(
     Extension(principal): Extension<Principal>,
     Query(p): Query<ProfileParams>,
 ) -> PageResult {
+    if let (Some(from), Some(checkpoint)) = (&p.from, &p.checkpoint) {
+        let (dir, base) = base_checkpoint(&state, &principal, from, checkpoint).await?;
+        let run = state.store.get_run(from).await?;
+        let method = match p.method.as_deref() {
+            Some("dpo") => "dpo",
+            _ => "lora",
+        };
+        let (experiments, last) = experiment_choices(&state, &principal).await?;
+        return html(LaunchPage {
+            nav: "launch",
+            profiles: profile_choices(DEFAULT_PROFILE),
+            experiments,
+            form: LaunchForm {
+                profile: String::new(),
+                experiment: last,
+                name: format!("{}-{method}", run.name),
+                gpus: 0,
+                yaml: finetune_yaml(&run.name, checkpoint, &dir, method, &base)?,
+                overrides: String::new(),
+                from: from.clone(),
+                checkpoint: checkpoint.clone(),
+            },
+            error: None,
+            yaml_error_line: None,
+            annotated: Vec::new(),
+            overrides_annotated: Vec::new(),
+        });
+    }
     let profile = p.profile.unwrap_or_else(|| DEFAULT_PROFILE.to_string());
     let Some((_, yaml)) = profiles().iter().find(|(n, _)| *n == profile) else {
         let names: Vec<&str> = profiles().iter().map(|(n, _)| *n).collect();
@@ -136,10 +270,13 @@ pub async fn form(
             gpus: 0,
             yaml: yaml.to_string(),
             overrides: String::new(),
+            from: String::new(),
+            checkpoint: String::new(),
         },
         error: None,
         yaml_error_line: None,
         annotated: Vec::new(),
+        overrides_annotated: Vec::new(),
     })
 }
 
@@ -157,12 +294,35 @@ pub struct LaunchFields {
     yaml: String,
     #[serde(default)]
     overrides: String,
+    /// A fine-tune's base run and checkpoint (hidden fields of "Fine-tune from here").
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    checkpoint: String,
 }
 
 /// A problem found before launching: the message, and the YAML line it belongs to if any.
 struct Problem {
     message: String,
     line: Option<usize>,
+    /// The key the refusal names, if any.
+    field: Option<String>,
+}
+
+/// The 1-based line of the overrides box that a refusal belongs to: the override of the key it
+/// names (overrides apply after the YAML, so theirs is the value refused), or the line it
+/// quotes.
+fn override_line(overrides: &str, field: Option<&str>, message: &str) -> Option<usize> {
+    overrides.lines().enumerate().find_map(|(i, raw)| {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            return None;
+        }
+        let key = line.split_once('=').map_or(line, |(k, _)| k.trim());
+        let named = field.is_some_and(|f| f == key || f.strip_prefix("config.") == Some(key));
+        let quoted = message.contains(&format!("`{line}`"));
+        (named || quoted).then_some(i + 1)
+    })
 }
 
 /// The 1-based line a YAML syntax message points at (`... at line 3 column 5`).
@@ -196,6 +356,7 @@ fn request_of(f: &LaunchFields) -> Result<LaunchRequest, Problem> {
             return Err(Problem {
                 message: format!("overrides: `{line}` is not of the form KEY=VALUE"),
                 line: None,
+                field: Some("overrides".to_string()),
             });
         };
         overrides.insert(
@@ -208,6 +369,7 @@ fn request_of(f: &LaunchFields) -> Result<LaunchRequest, Problem> {
         g => g.parse::<usize>().map_err(|_| Problem {
             message: format!("resources.gpus: must be a whole number of GPUs, got `{g}`"),
             line: None,
+            field: Some("resources.gpus".to_string()),
         })?,
     };
     let experiment = match f.experiment.trim() {
@@ -235,7 +397,14 @@ pub async fn submit(
     crate::access::may_add_runs(&state, &actor.principal, experiment)
         .await
         .map_err(crate::http::ApiError::from)?;
-    let problem = match request_of(&f) {
+    let mut fields = f;
+    let yaml_typed = fields.yaml.clone();
+    if !fields.from.is_empty() {
+        let (_, base) =
+            base_checkpoint(&state, &actor.principal, &fields.from, &fields.checkpoint).await?;
+        fields.yaml = with_base_model(&fields.yaml, &base)?;
+    }
+    let problem = match request_of(&fields) {
         Err(problem) => problem,
         Ok(request) => match actions::launch_run(&state, &actor, request)
             .await
@@ -244,13 +413,19 @@ pub async fn submit(
             Ok(run) => return Ok(Redirect::to(&format!("/runs/{}", run.id)).into_response()),
             Err(e) if e.status().is_client_error() => {
                 let message = e.to_string();
+                let field = e.field();
                 Problem {
-                    line: locate(&f.yaml, e.field().as_deref(), &message),
+                    line: locate(&yaml_typed, field.as_deref(), &message),
                     message,
+                    field,
                 }
             }
             Err(e) => return Err(e.into()),
         },
+    };
+    let f = LaunchFields {
+        yaml: yaml_typed,
+        ..fields
     };
     let profile = if f.profile.is_empty() {
         DEFAULT_PROFILE.to_string()
@@ -258,12 +433,20 @@ pub async fn submit(
         f.profile.clone()
     };
     let (experiments, _) = experiment_choices(&state, &actor.principal).await?;
+    // A mistake of an override is marked on the override's line, not the YAML's.
+    let override_at = override_line(&f.overrides, problem.field.as_deref(), &problem.message);
+    let yaml_line = if override_at.is_some() {
+        None
+    } else {
+        problem.line
+    };
     let page = LaunchPage {
         nav: "launch",
         profiles: profile_choices(&profile),
         experiments,
-        annotated: annotate_yaml(&f.yaml, problem.line, &problem.message),
-        yaml_error_line: problem.line,
+        annotated: annotate_yaml(&f.yaml, yaml_line, &problem.message),
+        overrides_annotated: annotate_yaml(&f.overrides, override_at, &problem.message),
+        yaml_error_line: yaml_line,
         error: Some(problem.message),
         form: LaunchForm {
             profile,
@@ -272,6 +455,8 @@ pub async fn submit(
             gpus: f.gpus.trim().parse().unwrap_or(0),
             yaml: f.yaml,
             overrides: f.overrides,
+            from: f.from,
+            checkpoint: f.checkpoint,
         },
     };
     let body = page.render_html()?;
@@ -332,8 +517,24 @@ mod tests {
             gpus: String::new(),
             yaml: String::new(),
             overrides: "training.max_steps 5".into(),
+            from: String::new(),
+            checkpoint: String::new(),
         };
         let message = request_of(&fields).err().map(|p| p.message);
         assert!(message.is_some_and(|m| m.starts_with("overrides:")));
+    }
+
+    #[test]
+    fn an_overrides_mistake_is_found_at_its_own_line() {
+        let box_ = "# comment\ntraining.max_steps=5\ntraining.lernin_rate=0.1\n";
+        assert_eq!(
+            override_line(box_, Some("training.lernin_rate"), ""),
+            Some(3)
+        );
+        assert_eq!(override_line(box_, Some("model.d_model"), ""), None);
+        assert_eq!(
+            override_line("a=1\nbroken", Some("overrides"), "`broken` is not"),
+            Some(2)
+        );
     }
 }

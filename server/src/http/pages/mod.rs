@@ -5,6 +5,7 @@
 
 pub mod account;
 pub mod admin;
+mod api_docs;
 mod assets;
 pub mod checkpoints;
 pub mod chrome;
@@ -123,6 +124,7 @@ pub fn router() -> Router<AppState> {
         .route("/runs/{id}/tags", post(set_tag))
         .route("/runs/{id}/notes", post(set_notes))
         .route("/runs/{id}/stop", post(stop_run))
+        .route("/runs/{id}/end", post(run::mark_ended))
         .route("/runs/{id}/relaunch", post(relaunch_run))
         .route("/runs/{id}/resume", post(run::resume_run))
         .route("/runs/{id}/delete", post(run::delete_run))
@@ -157,6 +159,7 @@ pub fn router() -> Router<AppState> {
             "/experiments/{id}/sharing",
             get(admin::sharing).post(admin::set_sharing),
         )
+        .route("/api-docs", get(api_docs::api_docs))
         .route("/static/{*file}", get(assets::static_file))
 }
 

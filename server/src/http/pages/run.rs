@@ -79,6 +79,8 @@ pub(super) async fn run_page(
     let history = history_rows(&events);
     let guard_events = super::guard::guard_events(state.store.as_ref(), &id).await?;
     let exit = run.exit.as_ref().and_then(|e| exit_view(e, run.status));
+    let (export_href, export_unavailable) = export_offer(&state, &run, &checkpoints).await;
+    let launched = state.launcher.is_launched(&run.id);
     let view = RunPage {
         nav: "runs",
         run: RunHeader {
@@ -88,7 +90,12 @@ pub(super) async fn run_page(
             experiment_id: experiment.id.clone(),
             experiment: experiment.name.clone(),
             duration: run_duration(&run, crate::store::now_ms()),
-            stoppable: matches!(run.status, RunStatus::Queued | RunStatus::Running),
+            started_at: run.started_at.map(|t| t.to_string()).unwrap_or_default(),
+            now: crate::store::now_ms(),
+            stoppable: launched && matches!(run.status, RunStatus::Queued | RunStatus::Running),
+            active: matches!(run.status, RunStatus::Queued | RunStatus::Running),
+            launched,
+            markable: actions::runs::markable(run.status, launched),
             relaunchable: run.config.is_some(),
             resumable: super::checkpoints::resumable(run.status, &checkpoints),
             status_reason,
@@ -97,8 +104,17 @@ pub(super) async fn run_page(
             notes: run.notes.clone(),
             executor: executor_label(&run.tags),
             parameters: parameters_label(&run.latest_metrics),
-            export_href: export_href(&run, &checkpoints),
+            export_href,
+            export_unavailable,
         },
+        summary: keys
+            .iter()
+            .filter(|k| crate::http::api::charts::layout::is_summary_key(k))
+            .filter_map(|k| {
+                let m = run.latest_metrics.get(k)?;
+                Some((k.clone(), fmt_value(m.value), m.step))
+            })
+            .collect(),
         heatmaps: heatmap_cards(&keys),
         charts,
         charts_next,
@@ -130,13 +146,27 @@ pub(super) async fn run_page(
     html(view)
 }
 
-/// The Hugging Face download of a finished run with a checkpoint (what the API offers).
-pub(super) fn export_href(
+/// The Hugging Face download of a finished run with a checkpoint, or why it cannot work (a
+/// model no `transformers` architecture fits): the API's own check
+/// (`http::api::export::unavailable`), so the page offers only what the API serves.
+pub(super) async fn export_offer(
+    state: &AppState,
     run: &crate::store::Run,
     checkpoints: &[CheckpointRow],
-) -> Option<String> {
-    (run.status == RunStatus::Finished && !checkpoints.is_empty())
-        .then(|| format!("/api/v1/runs/{}/export/hf", run.id))
+) -> (Option<String>, Option<String>) {
+    if run.status != RunStatus::Finished || checkpoints.is_empty() {
+        return (None, None);
+    }
+    let (id, status, dir) = (run.id.clone(), run.status, state.launcher.run_dir(&run.id));
+    let refused = tokio::task::spawn_blocking(move || {
+        crate::http::api::export::unavailable(&id, status, &dir)
+    })
+    .await
+    .unwrap_or(None);
+    match refused {
+        Some(why) => (None, Some(why)),
+        None => (Some(format!("/api/v1/runs/{}/export/hf", run.id)), None),
+    }
 }
 
 /// The parameter count a run reported at its first step, with how many of them train (fewer
@@ -306,6 +336,31 @@ pub(super) async fn stop_run(
 ) -> PageResult {
     check_run_id(&id)?;
     actions::stop_run(&state, &actor, &id).await?;
+    Ok(Redirect::to(&format!("/runs/{id}")).into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct EndForm {
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// "Mark as ended" for a run this server did not launch (without JavaScript; the page's script
+/// posts to the API and shows a refusal beside the form).
+pub(super) async fn mark_ended(
+    State(state): State<AppState>,
+    actor: Actor,
+    Path(id): Path<String>,
+    Form(f): Form<EndForm>,
+) -> PageResult {
+    check_run_id(&id)?;
+    let status = f
+        .status
+        .parse::<RunStatus>()
+        .map_err(|_| crate::validate::Invalid::new("status", "choose stopped or failed"))?;
+    actions::mark_ended(&state, &actor, &id, status, &f.reason).await?;
     Ok(Redirect::to(&format!("/runs/{id}")).into_response())
 }
 

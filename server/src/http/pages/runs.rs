@@ -189,6 +189,18 @@ pub async fn runs_table(state: &AppState, principal: &Principal, p: RunsParams) 
     headers.push(header("Duration".into(), None, true));
     headers.push(header("Tags".into(), None, false));
     headers.push(header("Created".into(), Some("created_at".into()), false));
+    let shown: std::collections::BTreeSet<String> = param_cols
+        .iter()
+        .map(|c| format!("params.{c}"))
+        .chain(metric_cols.iter().map(|c| format!("metrics.{c}")))
+        .collect();
+    let chooser = super::columns::chooser_keys(&page.runs)
+        .into_iter()
+        .map(|k| {
+            let on = shown.contains(&k);
+            (k, on)
+        })
+        .collect();
     let paged = query.as_ref().is_some_and(|q| q.cursor.is_some());
     let view = RunsPage {
         nav: "runs",
@@ -234,6 +246,7 @@ pub async fn runs_table(state: &AppState, principal: &Principal, p: RunsParams) 
         error,
         headers,
         rows,
+        chooser,
     };
     html(view)
 }
@@ -258,7 +271,10 @@ fn run_row(
             .to_string(),
         params: params
             .iter()
-            .map(|k| r.params.get(k).cloned().unwrap_or_default())
+            .map(|k| {
+                let stored = r.params.get(k).cloned().unwrap_or_default();
+                (super::columns::shown_param(&stored), stored)
+            })
             .collect(),
         metrics: metrics
             .iter()

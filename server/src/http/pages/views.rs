@@ -59,7 +59,8 @@ pub struct RunsTableRow {
     pub experiment: String,
     /// Who created the run (empty without accounts).
     pub user: String,
-    pub params: Vec<String>,
+    /// Each param column's value as shown (floats rounded) and as stored (its title).
+    pub params: Vec<(String, String)>,
     pub metrics: Vec<String>,
     pub duration: String,
     pub tags: Vec<String>,
@@ -81,6 +82,8 @@ pub struct RunsPage {
     pub rows: Vec<RunsTableRow>,
     pub first_href: Option<String>,
     pub next_href: Option<String>,
+    /// The column chooser's keys (`params.X`, `metrics.X`) and whether each is shown now.
+    pub chooser: Vec<(String, bool)>,
 }
 
 pub struct RunHeader {
@@ -90,7 +93,18 @@ pub struct RunHeader {
     pub experiment_id: String,
     pub experiment: String,
     pub duration: String,
+    /// When the run started (Unix ms; empty if it has not) and the server's time now, from
+    /// which the page's script keeps the duration current while the run runs.
+    pub started_at: String,
+    pub now: i64,
+    /// Launched here and queued or running: Stop is offered.
     pub stoppable: bool,
+    /// Queued or running: not deleted yet.
+    pub active: bool,
+    /// This server launched it (it holds its process, logs and checkpoints).
+    pub launched: bool,
+    /// Not launched here and not ended: "Mark as ended" is offered instead of Stop.
+    pub markable: bool,
     pub relaunchable: bool,
     /// Ended and launched here with checkpoints: the Resume form is offered.
     pub resumable: bool,
@@ -104,8 +118,11 @@ pub struct RunHeader {
     /// "1.2M parameters (4.1k trainable)" from the run's `model/params` and
     /// `model/trainable_params`, when it reported them.
     pub parameters: Option<String>,
-    /// The Hugging Face export's download, offered once the run has finished with a checkpoint.
+    /// The Hugging Face export's download, offered once the run has finished with a checkpoint
+    /// whose model an export can write.
     pub export_href: Option<String>,
+    /// Why a finished run with a checkpoint offers no download (shown beside a disabled one).
+    pub export_unavailable: Option<String>,
 }
 
 pub struct ChartCard {
@@ -148,6 +165,8 @@ pub struct CheckpointRow {
     pub best: bool,
     pub archive_href: String,
     pub sample_href: String,
+    /// The launch form of a fine-tune from this checkpoint (`&method=lora|dpo` follows).
+    pub finetune_href: String,
 }
 
 /// How the run's process ended: one summary line, the log tail as lines, and whether it is a
@@ -176,6 +195,7 @@ pub struct PanelRun {
     /// As in [`RunHeader`].
     pub parameters: Option<String>,
     pub export_href: Option<String>,
+    pub export_unavailable: Option<String>,
 }
 
 #[derive(Template)]
@@ -211,6 +231,8 @@ pub struct RunPage {
     /// The run's charts in all.
     pub charts_total: usize,
     pub heatmaps: Vec<HeatmapCard>,
+    /// Values a run reports once (data counts, parameter counts): key, value, step.
+    pub summary: Vec<(String, String, i64)>,
     pub checkpoints: Vec<CheckpointRow>,
     pub history: Vec<HistoryRow>,
     /// What the trainer's instability guard did, newest first.
@@ -277,6 +299,9 @@ pub struct LaunchForm {
     pub gpus: u32,
     pub yaml: String,
     pub overrides: String,
+    /// A fine-tune's base run and checkpoint ("Fine-tune from here"), empty otherwise.
+    pub from: String,
+    pub checkpoint: String,
 }
 
 pub struct AnnotatedLine {
@@ -297,6 +322,8 @@ pub struct LaunchPage {
     pub error: Option<String>,
     pub yaml_error_line: Option<usize>,
     pub annotated: Vec<AnnotatedLine>,
+    /// The overrides box's lines with the refused one marked (empty: no override refused).
+    pub overrides_annotated: Vec<AnnotatedLine>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -92,7 +92,10 @@ pub struct ChartLayout {
 /// Expert-utilisation keys belong to heatmaps and the guard's rollback targets to its event list
 /// (`None`). Per-layer norms share one card per family, the gradients' beside the global norm.
 fn group_of(key: &str) -> Option<(u8, String)> {
-    if moe_keys::parse_expert(key).is_some() || key == guard_keys::ROLLBACK_TO {
+    if moe_keys::parse_expert(key).is_some()
+        || key == guard_keys::ROLLBACK_TO
+        || is_summary_key(key)
+    {
         return None;
     }
     if key.starts_with(norm_keys::GRAD_PREFIX) {
@@ -116,6 +119,9 @@ fn group_of(key: &str) -> Option<(u8, String)> {
     let leaf = key.rsplit('/').next().unwrap_or(key).to_string();
     let rank = if key.starts_with("sys/") {
         9
+    } else if key.starts_with("moe/") {
+        // MoE's own series (aux and z losses, drops) after the training charts.
+        7
     } else if leaf.contains("loss") {
         0
     } else if leaf == "lr" || leaf.contains("learning_rate") {
@@ -134,6 +140,23 @@ fn group_of(key: &str) -> Option<(u8, String)> {
     })
 }
 
+/// Keys a run reports once (its data pipeline's counts, its parameter counts): the run page
+/// lists them in a summary table, not as charts of one point.
+pub fn is_summary_key(key: &str) -> bool {
+    key.starts_with("data/") || key.starts_with("model/")
+}
+
+/// DPO's loss is also the run's `train/loss` (and `val/dpo/loss` its `val/loss`): the Loss
+/// chart shows it, so a DPO loss chart beside it would be the same curve twice.
+fn duplicates_loss(key: &str, keys: &[String]) -> bool {
+    let twin = match key {
+        "dpo/loss" => "train/loss",
+        "val/dpo/loss" => "val/loss",
+        _ => return false,
+    };
+    keys.iter().any(|k| k == twin)
+}
+
 /// The card id of the chart showing `key` (`None` for heatmap keys).
 pub fn group_id(key: &str) -> Option<String> {
     group_of(key).map(|(rank, group)| format!("{rank}:{group}"))
@@ -145,6 +168,9 @@ pub fn chart_groups(keys: &[String]) -> Vec<ChartGroup> {
     // Within a rank, the chart named after the rank comes first (`loss` before `aux_loss`).
     let mut groups: BTreeMap<(u8, bool, String), Vec<String>> = BTreeMap::new();
     for k in keys {
+        if duplicates_loss(k, keys) {
+            continue;
+        }
         if let Some((rank, group)) = group_of(k) {
             let named_otherwise = !matches!(group.as_str(), "loss" | "lr");
             groups
@@ -299,6 +325,32 @@ mod tests {
     }
 
     #[test]
+    fn once_reported_counts_get_no_chart_and_dpo_loss_is_not_drawn_twice() {
+        let groups = chart_groups(&keys(&[
+            "train/loss",
+            "val/loss",
+            "dpo/loss",
+            "val/dpo/loss",
+            "dpo/reward_accuracy",
+            "data/documents",
+            "data/filter/exact_duplicates",
+            "model/params",
+            "moe/aux_loss",
+            "train/lr",
+        ]));
+        let titles: Vec<&str> = groups.iter().map(|g| g.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            ["Loss", "Learning rate", "DPO reward accuracy", "aux_loss"],
+            "no DPO loss twin, no one-point count charts, MoE after training"
+        );
+        assert!(is_summary_key("model/params") && !is_summary_key("train/loss"));
+        // Without train/loss, DPO's loss is drawn.
+        let only = chart_groups(&keys(&["dpo/loss"]));
+        assert_eq!(only[0].title, "DPO loss");
+    }
+
+    #[test]
     fn a_key_that_appears_later_joins_the_chart_a_reload_would_put_it_in() {
         let before = chart_groups(&keys(&["train/loss", "train/lr"]));
         let after = chart_groups(&keys(&[
@@ -400,21 +452,21 @@ mod tests {
             "val/dpo/margin",
         ]));
         let titles: Vec<&str> = groups.iter().map(|g| g.title.as_str()).collect();
+        // DPO's loss is the run's train/loss (and val/loss): the Loss chart shows it once.
         assert_eq!(
             titles,
             [
                 "Loss",
-                "DPO loss",
                 "DPO reward accuracy",
                 "DPO rewards (chosen, rejected, margin)"
             ]
         );
-        assert_eq!(groups[1].keys, keys(&["dpo/loss", "val/dpo/loss"]));
+        assert_eq!(groups[0].keys, keys(&["train/loss", "val/loss"]));
         assert_eq!(
-            groups[2].keys,
+            groups[1].keys,
             keys(&["dpo/reward_accuracy", "val/dpo/reward_accuracy"])
         );
-        assert_eq!(groups[3].keys.len(), 4);
+        assert_eq!(groups[2].keys.len(), 4);
         assert_eq!(group_id("val/dpo/margin"), group_id("dpo/chosen_reward"));
     }
 }
