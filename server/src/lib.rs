@@ -12,6 +12,7 @@ pub mod ingest;
 pub mod launcher;
 pub mod live;
 pub mod liveness;
+pub mod registry;
 pub mod search;
 pub mod status;
 pub mod store;

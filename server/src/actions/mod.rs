@@ -3,6 +3,7 @@
 //! implementation, one set of checks and one set of live events whichever way it arrives.
 
 pub mod launch;
+pub mod models;
 pub mod paths;
 pub mod runs;
 

@@ -58,6 +58,9 @@ pub fn launch_request(
 #[derive(Debug, Deserialize)]
 pub struct ProfileParams {
     profile: Option<String>,
+    /// The overrides box's text to start with (a model page's "Fine-tune" sets
+    /// `training.init_from=model:NAME@ALIAS`).
+    overrides: Option<String>,
 }
 
 /// The experiments the caller may launch into (EDIT or more), by name, and the one the form
@@ -134,7 +137,7 @@ pub async fn form(
             name: String::new(),
             gpus: 0,
             yaml: yaml.to_string(),
-            overrides: String::new(),
+            overrides: p.overrides.unwrap_or_default(),
         },
         error: None,
         yaml_error_line: None,
