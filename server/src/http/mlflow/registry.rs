@@ -38,7 +38,7 @@ const MAX_TAG_VALUE: usize = 5000;
 /// Most results one search page holds when the client asks for none (MLflow's default), and at
 /// most.
 const DEFAULT_RESULTS: usize = 100;
-const MAX_RESULTS: usize = 1000;
+const MAX_RESULTS: usize = 10_000;
 
 pub fn router() -> Router<AppState> {
     Router::new()
