@@ -170,3 +170,14 @@ mod tests {
         );
     }
 }
+
+impl From<crate::registry::RegistryError> for Error {
+    fn from(e: crate::registry::RegistryError) -> Self {
+        use crate::registry::RegistryError;
+        match e {
+            RegistryError::NotFound(message) => Error::NotFound(message),
+            RegistryError::Invalid(invalid) => Error::Invalid(invalid),
+            RegistryError::Store(e) => e.into(),
+        }
+    }
+}

@@ -14,6 +14,7 @@ pub mod ingest;
 pub mod launcher;
 pub mod live;
 pub mod liveness;
+pub mod registry;
 pub mod search;
 pub mod settings;
 pub mod state;

@@ -71,6 +71,7 @@ pub async fn decide(
             let experiment = state.store.get_experiment(asked).await?;
             require_experiment(state, principal, &experiment.id, asked, level).await
         }
+        Rule::Model(level) => require_model(state, principal, id.unwrap_or_default(), level).await,
         Rule::Sweep(level) => {
             let asked = id.unwrap_or_default();
             let not_found = || Error::NotFound(format!("sweep `{asked}` not found"));
@@ -130,6 +131,51 @@ pub async fn require_run(
         Err(Error::NotFound(_)) => Err(not_found()),
         other => other,
     }
+}
+
+/// The caller needs `level` on the registered model named `name`: its level on the model's
+/// experiment, narrowed as for a run in the shared experiment (its creator in the run's creator's
+/// place). A model it may not read is "not found".
+pub async fn require_model(
+    state: &AppState,
+    principal: &Principal,
+    name: &str,
+    level: Level,
+) -> Result<(), Error> {
+    let not_found = || Error::NotFound(format!("registered model `{name}` not found"));
+    let model = match state.store.get_model(name).await {
+        Err(StoreError::NotFound { .. }) => return Err(not_found()),
+        other => other?,
+    };
+    let held = Held {
+        experiment_id: &model.experiment_id,
+        created_by: model.created_by.as_deref(),
+    };
+    match require_held(state, principal, held, level, "registered model").await {
+        Err(Error::NotFound(_)) => Err(not_found()),
+        Err(Error::Forbidden { field, message }) => Err(Error::Forbidden {
+            field,
+            message: format!("model `{name}`: {message}"),
+        }),
+        other => other,
+    }
+}
+
+/// The caller's level on a registered model (what pages use to offer its actions), as for a
+/// run.
+pub async fn level_on_model(
+    state: &AppState,
+    principal: &Principal,
+    model: &crate::store::models::ModelRow,
+) -> Result<Level, StoreError> {
+    let on_experiment = principal
+        .level_on(state.store.as_ref(), &model.experiment_id)
+        .await?;
+    let held = Held {
+        experiment_id: &model.experiment_id,
+        created_by: model.created_by.as_deref(),
+    };
+    level_on_held(state, principal, held, on_experiment).await
 }
 
 /// A run or sweep, as far as the access check cares: where it is and who created it.

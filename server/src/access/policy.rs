@@ -24,6 +24,10 @@ pub enum Rule {
     Experiment(Level),
     /// `{id}` is a sweep; the caller needs this level on it ([`run_level`], as for a run).
     Sweep(Level),
+    /// `{id}` is a registered model (by name); the caller needs this level on it: the level on
+    /// the model's experiment, as for a run of it ([`run_level`], its creator in place of the
+    /// run's).
+    Model(Level),
     /// `{id}` is a run that reports here: EDIT on the run ([`run_level`]), or that run's own
     /// token.
     Report,
@@ -45,6 +49,8 @@ pub enum Target {
     Report,
     /// An experiment named by its id or name.
     Experiment(Level),
+    /// A registered model named by its name.
+    Model(Level),
 }
 
 impl Target {
@@ -54,6 +60,7 @@ impl Target {
             Target::Run(level) => Rule::Run(level),
             Target::Report => Rule::Report,
             Target::Experiment(level) => Rule::Experiment(level),
+            Target::Model(level) => Rule::Model(level),
         }
     }
 }
@@ -263,6 +270,23 @@ const RULES: &[(Method, &str, Rule)] = &[
         "/api/v1/sweeps/{id}/events",
         Rule::Sweep(Level::Read),
     ),
+    (Method::GET, "/api/v1/models", Rule::SignedIn),
+    (Method::GET, "/api/v1/models/{id}", Rule::Model(Level::Read)),
+    (
+        Method::PUT,
+        "/api/v1/models/{id}/aliases/{alias}",
+        Rule::Model(Level::Edit),
+    ),
+    (
+        Method::DELETE,
+        "/api/v1/models/{id}/aliases/{alias}",
+        Rule::Model(Level::Edit),
+    ),
+    (
+        Method::POST,
+        "/api/v1/runs/{id}/checkpoints/{name}/register",
+        Rule::Run(Level::Read),
+    ),
     // --- pages ---
     (Method::GET, "/static/{*file}", Rule::Public),
     (Method::GET, "/api-docs", Rule::Public),
@@ -308,6 +332,18 @@ const RULES: &[(Method, &str, Rule)] = &[
         Method::POST,
         "/runs/{id}/checkpoints/{name}/sample",
         Rule::Run(Level::Edit),
+    ),
+    (
+        Method::POST,
+        "/runs/{id}/checkpoints/{name}/register",
+        Rule::Run(Level::Read),
+    ),
+    (Method::GET, "/models", Rule::SignedIn),
+    (Method::GET, "/models/{id}", Rule::Model(Level::Read)),
+    (
+        Method::POST,
+        "/models/{id}/aliases",
+        Rule::Model(Level::Edit),
     ),
     (Method::GET, "/compare", Rule::SignedIn),
     (Method::GET, "/sweeps", Rule::SignedIn),
@@ -413,6 +449,112 @@ const RULES: &[(Method, &str, Rule)] = &[
         "/api/2.0/mlflow/logged-models/search",
         Rule::SignedIn,
     ),
+    // The model registry (`http::mlflow::registry`): a model's rule is its experiment's.
+    (
+        Method::POST,
+        "/api/2.0/mlflow/registered-models/create",
+        Rule::SignedIn,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/registered-models/rename",
+        MODEL_EDIT,
+    ),
+    (
+        Method::PATCH,
+        "/api/2.0/mlflow/registered-models/update",
+        MODEL_EDIT,
+    ),
+    (
+        Method::DELETE,
+        "/api/2.0/mlflow/registered-models/delete",
+        MODEL_MANAGE,
+    ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/registered-models/get",
+        MODEL_READ,
+    ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/registered-models/search",
+        Rule::SignedIn,
+    ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/registered-models/get-latest-versions",
+        MODEL_READ,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/registered-models/get-latest-versions",
+        MODEL_READ,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/registered-models/set-tag",
+        MODEL_EDIT,
+    ),
+    (
+        Method::DELETE,
+        "/api/2.0/mlflow/registered-models/delete-tag",
+        MODEL_EDIT,
+    ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/registered-models/alias",
+        MODEL_READ,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/registered-models/alias",
+        MODEL_EDIT,
+    ),
+    (
+        Method::DELETE,
+        "/api/2.0/mlflow/registered-models/alias",
+        MODEL_EDIT,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/model-versions/create",
+        MODEL_EDIT,
+    ),
+    (
+        Method::PATCH,
+        "/api/2.0/mlflow/model-versions/update",
+        MODEL_EDIT,
+    ),
+    (
+        Method::DELETE,
+        "/api/2.0/mlflow/model-versions/delete",
+        MODEL_MANAGE,
+    ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/model-versions/get",
+        MODEL_READ,
+    ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/model-versions/search",
+        Rule::SignedIn,
+    ),
+    (
+        Method::GET,
+        "/api/2.0/mlflow/model-versions/get-download-uri",
+        MODEL_READ,
+    ),
+    (
+        Method::POST,
+        "/api/2.0/mlflow/model-versions/set-tag",
+        MODEL_EDIT,
+    ),
+    (
+        Method::DELETE,
+        "/api/2.0/mlflow/model-versions/delete-tag",
+        MODEL_EDIT,
+    ),
     (Method::GET, "/api/3.0/mlflow/server-info", Rule::SignedIn),
 ];
 
@@ -422,6 +564,9 @@ const EXP_MANAGE: Rule = Rule::InRequest(Target::Experiment(Level::Manage));
 const RUN_READ: Rule = Rule::InRequest(Target::Run(Level::Read));
 const RUN_EDIT: Rule = Rule::InRequest(Target::Run(Level::Edit));
 const REPORT: Rule = Rule::InRequest(Target::Report);
+const MODEL_READ: Rule = Rule::InRequest(Target::Model(Level::Read));
+const MODEL_EDIT: Rule = Rule::InRequest(Target::Model(Level::Edit));
+const MODEL_MANAGE: Rule = Rule::InRequest(Target::Model(Level::Manage));
 
 /// The browser UI of MLflow calls the same routes under `/ajax-api`: one rule for both.
 const AJAX_PREFIX: &str = "/ajax-api/";
@@ -472,6 +617,7 @@ const READING_POSTS: &[&str] = &[
     "/api/2.0/mlflow/experiments/search",
     "/api/2.0/mlflow/runs/search",
     "/api/2.0/mlflow/logged-models/search",
+    "/api/2.0/mlflow/registered-models/get-latest-versions",
 ];
 
 /// Whether a request to this route changes something: [`is_write`], but for the searches the

@@ -255,20 +255,29 @@ pub async fn launch_run(
     let roots = state.launcher.roots().clone();
     // Parsing and validating a config is CPU work, and checking its paths file system work:
     // keep both off the async workers, so a slow document delays only its own request.
-    let (mut req, config) = tokio::task::spawn_blocking(move || {
+    let (mut req, config, data_dir) = tokio::task::spawn_blocking(move || {
         // Paths are compared resolved; the data directory exists (the server made it).
         let data_dir = std::fs::canonicalize(&data_dir).unwrap_or(data_dir);
+        let config = resolve_config(&req);
+        (req, config, data_dir)
+    })
+    .await
+    .map_err(Error::internal)?;
+    let mut config = config?;
+    // `model:NAME@ALIAS` weights become the checkpoint they name, checked below as any other.
+    let mut init_model = None;
+    if let Some(cfg) = config.as_mut() {
+        init_model = super::models::resolve_model_weights(state, principal, cfg, &data_dir).await?;
+    }
+    let config = tokio::task::spawn_blocking(move || {
         let allowed = paths::Allowed {
             roots: &roots,
             runs_dir: &data_dir.join("runs"),
             token_cache: &crate::launcher::token_cache(&data_dir),
         };
-        let config = resolve_config(&req).and_then(|config| {
-            config
-                .map(|mut c| paths::resolve_paths(&mut c, &base, &allowed).map(|runs| (c, runs)))
-                .transpose()
-        });
-        (req, config)
+        config
+            .map(|mut c| paths::resolve_paths(&mut c, &base, &allowed).map(|runs| (c, runs)))
+            .transpose()
     })
     .await
     .map_err(Error::internal)?;
@@ -319,11 +328,15 @@ pub async fn launch_run(
     state.launcher.admit(&spec).await?;
     let experiment_id =
         crate::access::experiment_for_new_run(state, principal, Some(experiment.as_str())).await?;
+    let mut tags = tags.into_inner();
+    if let Some(described) = init_model {
+        tags.insert(super::models::INIT_MODEL_TAG.to_string(), described);
+    }
     let new = NewRun {
         experiment_id,
         name: name.map(Name::into_string),
         config,
-        tags: tags.into_inner(),
+        tags,
         status: None,
         created_by: principal.user_id().map(str::to_owned),
     };

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod create;
 pub mod finetune;
 pub mod launch;
+pub mod models;
 pub mod paths;
 pub mod runs;
 pub mod sample;

@@ -362,7 +362,9 @@ impl StoreError {
 }
 
 #[async_trait]
-pub trait Store: accounts::Accounts + sweeps::Sweeps + Send + Sync + 'static {
+pub trait Store:
+    accounts::Accounts + sweeps::Sweeps + models::Models + Send + Sync + 'static
+{
     /// "sqlite" or "postgres".
     fn backend(&self) -> &'static str;
 
@@ -407,6 +409,15 @@ pub trait Store: accounts::Accounts + sweeps::Sweeps + Send + Sync + 'static {
     async fn refresh_statistics(&self) -> StoreResult<()>;
     /// Soft-deletes (`deleted: true`) or restores a run.
     async fn set_run_deleted(&self, id: &str, deleted: bool) -> StoreResult<()>;
+    /// Puts a client's own start or end time (unix ms; `None` leaves it) in place of the one
+    /// its status change stamped (MLflow's `create_run(start_time=)`,
+    /// `set_terminated(end_time=)`). The caller checks the times are within bounds.
+    async fn set_run_times(
+        &self,
+        id: &str,
+        started_at: Option<i64>,
+        ended_at: Option<i64>,
+    ) -> StoreResult<()>;
     /// Adds params one by one (besides those a config brings). Write-once: a key the run has
     /// with the same value is fine, with another value a `Conflict` naming it (nothing of the
     /// call is stored then).
@@ -492,6 +503,7 @@ mod common;
 pub mod downsample;
 pub mod filter;
 pub(crate) mod ingest;
+pub mod models;
 mod postgres;
 mod search;
 pub mod sql;

@@ -18,6 +18,7 @@ mod experiments;
 mod grants;
 mod keys;
 mod metrics;
+mod models;
 mod run_data;
 mod runs;
 mod stats;
@@ -211,6 +212,15 @@ impl Store for SqlStore {
 
     async fn set_run_deleted(&self, id: &str, deleted: bool) -> StoreResult<()> {
         self.mark_run_deleted(id, deleted).await
+    }
+
+    async fn set_run_times(
+        &self,
+        id: &str,
+        started_at: Option<i64>,
+        ended_at: Option<i64>,
+    ) -> StoreResult<()> {
+        self.put_run_times(id, started_at, ended_at).await
     }
 
     async fn log_params(&self, id: &str, params: &[(String, String)]) -> StoreResult<()> {

@@ -10,6 +10,7 @@
 pub mod inputs;
 pub mod limits;
 pub mod points;
+pub mod times;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -22,7 +22,7 @@ const HF_FILES: [&str; 4] = [
 ];
 
 /// A GPT-2-shaped model small enough to train a step in a moment.
-fn small_model() -> ModelConfig {
+pub(crate) fn small_model() -> ModelConfig {
     ModelConfig {
         vocab_size: 256,
         d_model: 32,
@@ -36,7 +36,7 @@ fn small_model() -> ModelConfig {
 
 /// Trains `model` for one step on the synthetic data and saves its checkpoint in `run_dir`, as a
 /// launched run's trainer does.
-fn write_checkpoint(run_dir: &Path, model: ModelConfig, cache: &Path) {
+pub(crate) fn write_checkpoint(run_dir: &Path, model: ModelConfig, cache: &Path) {
     let mut cfg = Config {
         model,
         ..Config::default()

@@ -26,6 +26,7 @@ mod limits;
 mod liveness;
 mod metrics;
 mod mlflow;
+mod models;
 mod nul_bodies;
 mod openapi;
 mod reported_exit;

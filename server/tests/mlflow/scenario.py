@@ -584,6 +584,86 @@ class Scenario:
         assert len(history(rid, "lim")) == 1001, "client-side split batches lost points"
         client.set_terminated(rid)
 
+    def client_times(self):
+        run = client.create_run(self.exp_id, start_time=BASE_TS, run_name=f"times-{SUFFIX}")
+        rid = run.info.run_id
+        assert run.info.start_time == BASE_TS, f"create_run(start_time) gave {run.info.start_time}"
+        client.set_terminated(rid, end_time=BASE_TS + 5000)
+        info = client.get_run(rid).info
+        assert (info.start_time, info.end_time) == (BASE_TS, BASE_TS + 5000), (
+            f"start/end {info.start_time}/{info.end_time}, expected {BASE_TS}/{BASE_TS + 5000}"
+        )
+        # A time in microseconds by mistake is refused naming the field, and creates nothing.
+        e = expect_error("INVALID_PARAMETER_VALUE", client.create_run, self.exp_id,
+                         start_time=BASE_TS * 1000, run_name=f"times-ns-{SUFFIX}")
+        assert "start_time" in str(e), str(e)
+        assert not search_all([self.exp_id], f"attributes.run_name = 'times-ns-{SUFFIX}'")
+
+    # --- the model registry ---------------------------------------------------------------------
+
+    def model_registry(self):
+        name = f"compat-model-{SUFFIX}"
+        other = f"compat-model-{SUFFIX}-b"
+        weights = bytes(range(256)) * 16
+        work = tempfile.mkdtemp(prefix="mlflow-compat-model-")
+        model_dir = os.path.join(work, "model")
+        os.makedirs(model_dir)
+        # What register_model looks for: an MLmodel file in the run's artifact folder.
+        with open(os.path.join(model_dir, "MLmodel"), "w", encoding="utf-8") as f:
+            f.write("artifact_path: model\nflavors: {}\n")
+        with open(os.path.join(model_dir, "weights.bin"), "wb") as f:
+            f.write(weights)
+        with mlflow.start_run(experiment_id=self.exp_id, run_name=f"model-{SUFFIX}") as run:
+            mlflow.log_artifacts(model_dir, "model")
+        rid = run.info.run_id
+
+        v1 = mlflow.register_model(f"runs:/{rid}/model", name)  # creates the model, then v1
+        assert (v1.name, v1.version, v1.run_id) == (name, "1", rid), f"register_model gave {v1}"
+        assert v1.status == "READY", f"status {v1.status!r}"
+        assert v1.source.endswith(f"/{rid}/artifacts/model"), f"source {v1.source!r}"
+        again = mlflow.register_model(f"runs:/{rid}/model", name)  # the model exists: v2
+        assert again.version == "2", f"second register_model gave version {again.version!r}"
+
+        client.create_registered_model(other, tags={"team": "nlp"}, description="the other one")
+        expect_error("RESOURCE_ALREADY_EXISTS", client.create_registered_model, other)
+        v3 = client.create_model_version(
+            name, f"runs:/{rid}/model", run_id=rid, tags={"eval": "0.91"}, description="tuned"
+        )
+        assert v3.version == "3" and v3.tags == {"eval": "0.91"}, f"create_model_version gave {v3}"
+        client.set_registered_model_alias(name, "champion", v3.version)
+        client.set_registered_model_alias(name, "previous", "1")
+        got = client.get_model_version_by_alias(name, "champion")
+        assert (got.version, got.run_id, got.description) == ("3", rid, "tuned"), f"by alias: {got}"
+        assert got.aliases == ["champion"], f"aliases of v3: {got.aliases}"
+        model = client.get_registered_model(name)
+        assert model.aliases == {"champion": "3", "previous": "1"}, f"aliases {model.aliases}"
+        assert [v.version for v in model.latest_versions] == ["3"], model.latest_versions
+
+        # models:/NAME@ALIAS downloads the version's files.
+        dst = mlflow.artifacts.download_artifacts(
+            f"models:/{name}@champion", dst_path=tempfile.mkdtemp(prefix="mlflow-compat-dl-")
+        )
+        with open(os.path.join(dst, "weights.bin"), "rb") as f:
+            assert f.read() == weights, "weights.bin changed in the round trip through the registry"
+        uri = client.get_model_version_download_uri(name, "1")
+        assert uri.startswith("mlflow-artifacts:/") and uri.endswith(f"/{rid}/artifacts/model"), uri
+
+        versions = client.search_model_versions(f"name = '{name}'")
+        assert sorted(int(v.version) for v in versions) == [1, 2, 3], f"versions {versions}"
+        by_run = client.search_model_versions(f"run_id = '{rid}'")
+        assert {(v.name, v.version) for v in by_run} == {(name, "1"), (name, "2"), (name, "3")}, by_run
+
+        client.delete_model_version(name, "1")
+        expect_error("RESOURCE_DOES_NOT_EXIST", client.get_model_version, name, "1")
+        expect_error("RESOURCE_DOES_NOT_EXIST", client.get_model_version_by_alias, name, "previous")
+        client.delete_registered_model_alias(name, "champion")
+        assert client.get_registered_model(name).aliases == {}, "delete_registered_model_alias"
+        client.delete_registered_model(name)
+        client.delete_registered_model(other)
+        expect_error("RESOURCE_DOES_NOT_EXIST", client.get_registered_model, name)
+        # The run and its files stay.
+        assert client.get_run(rid).info.run_id == rid
+
 
 def live(run_name, steps, delay):
     run = mlflow.start_run(experiment_id="0", run_name=run_name)
@@ -626,6 +706,8 @@ def main():
         ("MlflowClient experiment operations", s.experiment_operations),
         ("missing run raises RESOURCE_DOES_NOT_EXIST", s.missing_run_error),
         ("log-batch limits raise INVALID_PARAMETER_VALUE and store nothing", s.log_batch_limits),
+        ("create_run(start_time) and set_terminated(end_time) keep the client's times", s.client_times),
+        ("model registry: register, version, alias, models:/ download, search, delete", s.model_registry),
     ]
     started = time.monotonic()
     for name, case in cases:

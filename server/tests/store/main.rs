@@ -19,6 +19,7 @@ mod full_disk;
 mod metrics;
 mod migration;
 mod outage;
+mod registry;
 mod runs;
 mod search;
 mod search_plans;
@@ -90,3 +91,13 @@ both_backends!(
     search::a_filter_on_params_and_metrics_selects_matching_runs_across_pages,
     search_plans::every_search_shape_reads_its_page_not_the_experiment,
 );
+
+/// The model registry's cases, under `registry_suite::{sqlite,postgres}::`.
+mod registry_suite {
+    both_backends!(
+        registry::registry_models_have_unique_names_tags_and_a_description,
+        registry::registry_version_numbers_grow_per_model_and_are_never_reused,
+        registry::registry_aliases_name_one_version_and_move,
+        registry::registry_version_tags_and_descriptions_and_model_deletion,
+    );
+}

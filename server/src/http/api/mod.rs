@@ -13,6 +13,7 @@ pub mod health;
 pub mod launch;
 pub mod logs;
 pub mod metrics;
+pub mod models;
 pub mod openapi;
 pub mod runs;
 pub mod sweeps;
@@ -40,6 +41,7 @@ pub fn api_router() -> Router<AppState> {
         .merge(openapi::router())
         .merge(charts::router())
         .merge(sweeps::router())
+        .merge(models::router())
         .fallback(crate::http::not_found)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
 }

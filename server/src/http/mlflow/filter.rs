@@ -24,11 +24,13 @@ use super::MlflowError;
 
 mod experiments;
 mod grammar;
+mod models;
 #[cfg(test)]
 mod tests;
 
 pub use experiments::{experiment_order, ExperimentFilter};
 use grammar::{invalid, parse, tokenize, Ident, Parser, Test};
+pub use models::RegistryFilter;
 
 fn cmp_op(op: &str) -> CmpOp {
     match op {

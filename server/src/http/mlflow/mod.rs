@@ -13,6 +13,7 @@ mod artifacts;
 mod experiments;
 mod filter;
 mod metrics;
+mod registry;
 mod runs;
 mod wire;
 
@@ -44,6 +45,7 @@ pub fn router() -> Router<AppState> {
                     .merge(experiments::router())
                     .merge(runs::router())
                     .merge(metrics::router())
+                    .merge(registry::router())
                     .merge(artifacts::list_router())
                     .fallback(endpoint_not_found),
             )
@@ -261,14 +263,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Fields<T> {
             let query = req.uri().query().unwrap_or("");
             return wire::from_query(query).map(Fields);
         }
+        let method = req.method().clone();
+        let query = req.uri().query().unwrap_or("").to_owned();
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|e| MlflowError::from(ApiError::from(e)))?;
-        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &bytes
-        };
+        let blank = bytes.iter().all(u8::is_ascii_whitespace);
+        // MLflow's own UI sends its DELETEs' fields in the query string.
+        if blank && method == Method::DELETE && !query.is_empty() {
+            return wire::from_query(&query).map(Fields);
+        }
+        let text: &[u8] = if blank { b"{}" } else { &bytes };
         // No stored text may hold a NUL: refused here for every field, naming it.
         if let Some(refused) = crate::http::extract::nul_in_json(text) {
             return Err(refused.into());

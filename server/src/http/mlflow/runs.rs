@@ -177,6 +177,9 @@ struct Create {
     run_name: Option<String>,
     #[serde(default)]
     tags: Vec<KeyValue>,
+    /// The client's start time (unix ms), kept as the run's start.
+    #[serde(default, deserialize_with = "wire::opt_int")]
+    start_time: Option<i64>,
 }
 
 async fn create(
@@ -190,6 +193,11 @@ async fn create(
         .filter(|e| !e.is_empty())
         .unwrap_or_else(|| "0".to_string());
     let experiment = by_id(&state, &caller, &experiment_id).await?;
+    let now = crate::store::now_ms();
+    let start_time = body
+        .start_time
+        .map(|t| crate::validate::times::client_time("start_time", t, now))
+        .transpose()?;
     let mut update = tags_update(&body.tags)?;
     let name = match body
         .run_name
@@ -207,7 +215,11 @@ async fn create(
         started: Some("started by an MLflow client"),
         ..Default::default()
     };
-    let run = crate::actions::create_run(&state, &actor, tracked).await?;
+    let mut run = crate::actions::create_run(&state, &actor, tracked).await?;
+    if start_time.is_some() {
+        state.store.set_run_times(&run.id, start_time, None).await?;
+        run = state.store.get_run(&run.id).await?;
+    }
     Ok(Json(json!({"run": wire::run(&run, &[])})))
 }
 
@@ -229,6 +241,9 @@ struct Update {
     status: Option<String>,
     #[serde(default)]
     run_name: Option<String>,
+    /// The client's end time (unix ms), kept as the run's end when this update ends it.
+    #[serde(default, deserialize_with = "wire::opt_int")]
+    end_time: Option<i64>,
 }
 
 async fn update(
@@ -241,6 +256,10 @@ async fn update(
     // An unknown status name leaves the status as it is, as MLflow's client does when it
     // reads one.
     let wanted = body.status.as_deref().and_then(MlflowStatus::parse);
+    let end_time = body
+        .end_time
+        .map(|t| crate::validate::times::client_time("end_time", t, crate::store::now_ms()))
+        .transpose()?;
     if let Some(name) = body.run_name.as_deref().filter(|n| !n.trim().is_empty()) {
         let name = Name::parse("run_name", name)?;
         let rename = RunUpdate {
@@ -263,6 +282,9 @@ async fn update(
                 StatusActor::Client,
             )
             .await?;
+            if to.is_terminal() && end_time.is_some() {
+                state.store.set_run_times(id, None, end_time).await?;
+            }
         }
     }
     crate::liveness::seen(&state, id).await?;

@@ -63,6 +63,9 @@ pub struct ProfileParams {
     from: Option<String>,
     checkpoint: Option<String>,
     method: Option<String>,
+    /// The overrides box's text to start with (a model page's "Fine-tune" sets
+    /// `training.init_from=model:NAME@ALIAS`).
+    overrides: Option<String>,
 }
 
 /// The checkpoint a fine-tune starts from, once the caller may read its run: its directory
@@ -269,7 +272,7 @@ pub async fn form(
             name: String::new(),
             gpus: 0,
             yaml: yaml.to_string(),
-            overrides: String::new(),
+            overrides: p.overrides.clone().unwrap_or_default(),
             from: String::new(),
             checkpoint: String::new(),
         },

@@ -13,6 +13,7 @@ pub mod columns;
 pub mod compare;
 pub mod guard;
 pub mod launch;
+pub mod models;
 pub mod next;
 pub mod run;
 pub mod runs;
@@ -134,6 +135,13 @@ pub fn router() -> Router<AppState> {
             "/runs/{id}/checkpoints/{name}/sample",
             get(checkpoints::sample_form).post(checkpoints::sample),
         )
+        .route(
+            "/runs/{id}/checkpoints/{name}/register",
+            post(models::register),
+        )
+        .route("/models", get(models::models_page))
+        .route("/models/{id}", get(models::model_page))
+        .route("/models/{id}/aliases", post(models::set_alias))
         .route("/compare", get(compare::compare_page))
         .route("/launch", get(launch::form).post(launch::submit))
         .route("/sweeps", get(sweeps::sweeps_page))

@@ -1,5 +1,6 @@
 //! What a tracking client adds to a run besides metrics and status: params one by one
-//! (write-once), tag removal, dataset inputs, and soft deletion.
+//! (write-once), tag removal, dataset inputs, a client's own start and end times, and soft
+//! deletion.
 
 use std::collections::BTreeMap;
 
@@ -59,6 +60,28 @@ fn param_conflict(key: &str, stored: &str, sent: &str) -> StoreError {
 }
 
 impl SqlStore {
+    pub(super) async fn put_run_times(
+        &self,
+        id: &str,
+        started_at: Option<i64>,
+        ended_at: Option<i64>,
+    ) -> StoreResult<()> {
+        let set = Sql::new(
+            "UPDATE runs SET started_at = COALESCE($1, started_at), \
+             ended_at = COALESCE($2, ended_at) WHERE id = $3",
+        )
+        .bind(started_at)
+        .bind(ended_at)
+        .bind(id);
+        let mut tx = self.begin_write().await?;
+        let result = match tx.execute(set).await {
+            Ok(0) => Err(common::not_found_run(id)),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        tx.finish(result).await
+    }
+
     pub(super) async fn mark_run_deleted(&self, id: &str, deleted: bool) -> StoreResult<()> {
         let set = if deleted {
             Sql::new("UPDATE runs SET deleted_at = COALESCE(deleted_at, $1) WHERE id = $2")

@@ -8,6 +8,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use trainyard::access::policy::{self, Rule};
 use trainyard::store::accounts::Level;
+use trainyard::store::models::{NewModel, NewVersion};
 
 use super::{accounts, add_user, admin, raw_client, send, sign_in, Auth};
 use crate::helpers::TestApp;
@@ -38,6 +39,9 @@ pub(super) struct World {
     pub(super) experiment: String,
     pub(super) run: String,
     pub(super) sweep: String,
+    /// A registered model in the experiment, made by its owner, with version 1 (from the run)
+    /// and the alias `champion`.
+    pub(super) model: String,
     pub(super) callers: Vec<(Role, Auth)>,
 }
 
@@ -185,12 +189,57 @@ async fn world(app: &TestApp) -> World {
         .create_sweep(&experiment, "matrix", &spec, Some(&owner.id))
         .await
         .expect("sweep");
+    let model = registered_model(app, &experiment, &run_id, &owner.id).await;
     World {
         experiment,
         run: run_id,
         sweep: sweep.id,
+        model,
         callers,
     }
+}
+
+/// A new registered model in `experiment` made by `creator`, with version 1 from `run` and the
+/// alias `champion` on it, written to the store directly.
+pub(super) async fn registered_model(
+    app: &TestApp,
+    experiment: &str,
+    run: &str,
+    creator: &str,
+) -> String {
+    let unique = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let name = format!("matrix-model-{unique}");
+    let store = &app.state.store;
+    store
+        .create_model(NewModel {
+            name: name.clone(),
+            experiment_id: experiment.to_owned(),
+            created_by: Some(creator.to_owned()),
+            ..NewModel::default()
+        })
+        .await
+        .expect("model");
+    store
+        .create_version(
+            &name,
+            NewVersion {
+                run_id: Some(run.to_owned()),
+                source: format!("mlflow-artifacts:/{experiment}/{run}/artifacts/model"),
+                created_by: Some(creator.to_owned()),
+                ..NewVersion::default()
+            },
+        )
+        .await
+        .expect("version");
+    store.set_alias(&name, "champion", 1).await.expect("alias");
+    name
+}
+
+/// Whether the route is one of the model registry's.
+fn is_registry(pattern: &str) -> bool {
+    pattern.contains("/registered-models/") || pattern.contains("/model-versions/")
 }
 
 /// Whether the route speaks the MLflow protocol (its target is named in the query or body).
@@ -211,7 +260,8 @@ fn concrete_mlflow(pattern: &str, w: &World) -> String {
     }
     format!(
         "{path}?run_id={run}&experiment_id={exp}&metric_key=train/loss&run_ids={run}\
-         &experiment_ids={exp}"
+         &experiment_ids={exp}&name={}&version=1&alias=champion",
+        w.model
     )
 }
 
@@ -222,6 +272,8 @@ pub(super) fn concrete(pattern: &str, w: &World) -> String {
     }
     let id = if pattern.contains("/experiments/{id}") {
         w.experiment.as_str()
+    } else if pattern.contains("/models/{id}") {
+        w.model.as_str()
     } else if pattern.contains("/sweeps/{id}") {
         w.sweep.as_str()
     } else if pattern.contains("/teams/{id}") {
@@ -242,6 +294,7 @@ pub(super) fn concrete(pattern: &str, w: &World) -> String {
             },
         )
         .replace("{user}", "zed")
+        .replace("{alias}", "champion")
         .replace("{*file}", "train/loss.svg")
         .replace("{file}", "compare.svg");
     // Routes that name runs in the query string.
@@ -294,7 +347,9 @@ pub(super) fn expected_at(
         Rule::SignedIn => return Outcome::Allowed,
         Rule::Admin if role == Role::Admin => return Outcome::Allowed,
         Rule::Admin => return Outcome::Forbidden,
-        Rule::Run(level) | Rule::Experiment(level) | Rule::Sweep(level) => level,
+        Rule::Run(level) | Rule::Experiment(level) | Rule::Sweep(level) | Rule::Model(level) => {
+            level
+        }
         Rule::Report => Level::Edit,
     };
     if have < Level::Read {
@@ -320,6 +375,26 @@ fn body_for(method: &Method, pattern: &str, page: bool, w: &World) -> Option<Str
         let unique = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
+        if pattern.ends_with("/registered-models/create") {
+            // A new model in the world's experiment: EDIT there creates it.
+            return Some(
+                json!({"name": format!("matrix-{unique}"),
+                       "tags": [{"key": "trainyard.experiment", "value": w.experiment}]})
+                .to_string(),
+            );
+        }
+        if is_registry(pattern) {
+            // Names the world's model; a rename keeps its name, a new version comes from the
+            // world's run, the alias points at version 1.
+            let (exp, run) = (&w.experiment, &w.run);
+            return Some(
+                json!({"name": w.model, "new_name": w.model, "version": "1",
+                       "alias": "champion", "key": "matrix", "value": "1",
+                       "run_id": run,
+                       "source": format!("mlflow-artifacts:/{exp}/{run}/artifacts/model")})
+                .to_string(),
+            );
+        }
         return Some(
             json!({"run_id": w.run, "experiment_id": w.experiment, "experiment_ids": [w.experiment],
                    "key": "matrix", "value": "1", "name": format!("matrix-{unique}")})
@@ -413,6 +488,7 @@ pub(super) async fn outcome(
             format!("experiment `{}` not found", w.experiment),
             "experiment `shared` not found".to_owned(),
             format!("sweep `{}` not found", w.sweep),
+            format!("registered model `{}` not found", w.model),
         ]
         .contains(&message);
     let got = match status {
@@ -431,6 +507,25 @@ pub(super) async fn outcome(
 pub(super) fn deletes(method: &Method, pattern: &str) -> bool {
     (*method == Method::DELETE && pattern == "/api/v1/runs/{id}")
         || (*method == Method::POST && pattern == "/runs/{id}/delete")
+}
+
+/// Routes that delete the world's model or one of its versions: each call gets a model of its
+/// own.
+pub(super) fn deletes_a_model(method: &Method, pattern: &str) -> bool {
+    *method == Method::DELETE
+        && (pattern.ends_with("/registered-models/delete")
+            || pattern.ends_with("/model-versions/delete"))
+}
+
+/// The id of the user `name`.
+pub(super) async fn user_id(app: &TestApp, name: &str) -> String {
+    app.state
+        .store
+        .user_by_name(name)
+        .await
+        .expect("user")
+        .expect("user exists")
+        .id
 }
 
 /// A new run in the world's experiment, created with the admin token.
@@ -463,7 +558,9 @@ async fn every_route_answers_each_role_as_its_rule_says(app: &TestApp) {
         // Routes that act on runs or an experiment named in the query or body.
         let run_named = matches!(pattern, "/compare" | "/api/v1/charts/{file}");
         let rule = match (method.as_str(), pattern) {
-            ("POST", "/api/v1/runs") | ("POST", "/launch") => Rule::Experiment(Level::Edit),
+            ("POST", "/api/v1/runs")
+            | ("POST", "/launch")
+            | ("POST", "/api/2.0/mlflow/registered-models/create") => Rule::Experiment(Level::Edit),
             _ => rule,
         };
         for (role, auth) in &w.callers {
@@ -475,6 +572,17 @@ async fn every_route_answers_each_role_as_its_rule_says(app: &TestApp) {
                     run: disposable_run(app, &w).await,
                     experiment: w.experiment.clone(),
                     sweep: w.sweep.clone(),
+                    model: w.model.clone(),
+                    callers: Vec::new(),
+                };
+                &fresh
+            } else if deletes_a_model(method, pattern) {
+                let owner = user_id(app, "alice").await;
+                fresh = World {
+                    run: w.run.clone(),
+                    experiment: w.experiment.clone(),
+                    sweep: w.sweep.clone(),
+                    model: registered_model(app, &w.experiment, &w.run, &owner).await,
                     callers: Vec::new(),
                 };
                 &fresh

@@ -9,7 +9,10 @@ use serde_json::{json, Value};
 use trainyard::access::policy::{self, Rule, Target};
 use trainyard::store::accounts::Level;
 
-use super::matrix::{deletes, ends_the_session, expected_at, outcome, Role, World};
+use super::matrix::{
+    deletes, deletes_a_model, ends_the_session, expected_at, outcome, registered_model, user_id,
+    Role, World,
+};
 use super::{accounts, add_user, admin, send, sign_in, Auth, PASSWORD};
 use crate::helpers::TestApp;
 
@@ -113,10 +116,12 @@ async fn default_world(app: &TestApp) -> World {
         Auth::Bearer(token["secret"].as_str().expect("secret").into()),
     ));
     callers.push((Role::RunToken, Auth::Bearer(run_secret)));
+    let model = registered_model(app, "0", &run, &owner.id).await;
     World {
         experiment: "0".into(),
         run,
         sweep: sweep.id,
+        model,
         callers,
     }
 }
@@ -133,15 +138,18 @@ fn level_on_run_in_default(role: Role) -> Level {
     }
 }
 
-/// Whether the route acts on the run or the sweep (not on the experiment, or on nothing).
+/// Whether the route acts on the run, the sweep or the model (not on the experiment, or on
+/// nothing): a model in `Default` is changed by the same people as a run there.
 fn on_run_or_sweep(rule: Rule) -> bool {
     matches!(
         rule,
         Rule::Run(_)
             | Rule::Report
             | Rule::Sweep(_)
+            | Rule::Model(_)
             | Rule::InRequest(Target::Run(_))
             | Rule::InRequest(Target::Report)
+            | Rule::InRequest(Target::Model(_))
     )
 }
 
@@ -168,6 +176,17 @@ async fn every_run_and_sweep_route_in_default_answers_as_the_shared_rule_says(ap
                     run: run_in_default(app, creator).await,
                     experiment: w.experiment.clone(),
                     sweep: w.sweep.clone(),
+                    model: w.model.clone(),
+                    callers: Vec::new(),
+                };
+                &fresh
+            } else if deletes_a_model(method, pattern) {
+                let owner = user_id(app, "alice").await;
+                fresh = World {
+                    run: w.run.clone(),
+                    experiment: w.experiment.clone(),
+                    sweep: w.sweep.clone(),
+                    model: registered_model(app, "0", &w.run, &owner).await,
                     callers: Vec::new(),
                 };
                 &fresh

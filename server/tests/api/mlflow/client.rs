@@ -56,7 +56,7 @@ async fn run_scenario(app: &TestApp, token: Option<String>) {
         output.status.success(),
         "the MLflow scenario failed:\n{said}"
     );
-    assert!(said.contains("all 20 cases passed"), "{said}");
+    assert!(said.contains("all 22 cases passed"), "{said}");
 }
 
 /// The single-user server of a laptop: no credentials at all.

@@ -50,7 +50,7 @@ impl ExperimentFilter {
     }
 }
 
-fn test_value(test: &Test, value: Option<&Literal>) -> bool {
+pub(super) fn test_value(test: &Test, value: Option<&Literal>) -> bool {
     let Some(value) = value else {
         return matches!(test, Test::Null { negated: false });
     };
