@@ -11,8 +11,8 @@ use trainer::config::Config;
 
 use crate::access::{self, Principal};
 use crate::error::Error;
-use crate::state::AppState;
 use crate::registry::{ModelRef, RegistryError, Source};
+use crate::state::AppState;
 use crate::store::accounts::Level;
 use crate::store::StoreError;
 use crate::validate::Invalid;

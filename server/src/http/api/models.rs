@@ -162,7 +162,12 @@ pub async fn delete_alias(
 ) -> Result<StatusCode, ApiError> {
     state.store.delete_alias(&name, &alias).await?;
     actor
-        .record(state.store.as_ref(), AuditAction::ModelUnalias, Some(&name), Some(alias))
+        .record(
+            state.store.as_ref(),
+            AuditAction::ModelUnalias,
+            Some(&name),
+            Some(alias),
+        )
         .await;
     Ok(StatusCode::NO_CONTENT)
 }

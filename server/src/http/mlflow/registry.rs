@@ -271,7 +271,12 @@ async fn create_model(
         .await
         .map_err(store_error)?;
     actor
-        .record(state.store.as_ref(), AuditAction::ModelCreate, Some(&model.name), None)
+        .record(
+            state.store.as_ref(),
+            AuditAction::ModelCreate,
+            Some(&model.name),
+            None,
+        )
         .await;
     Ok(Json(json!({"registered_model": model_json(&model, None)})))
 }
@@ -377,7 +382,12 @@ async fn delete_model(
         .await
         .map_err(store_error)?;
     actor
-        .record(state.store.as_ref(), AuditAction::ModelDelete, Some(&model.name), None)
+        .record(
+            state.store.as_ref(),
+            AuditAction::ModelDelete,
+            Some(&model.name),
+            None,
+        )
         .await;
     Ok(Json(json!({})))
 }
