@@ -133,6 +133,17 @@ impl From<tokio::task::JoinError> for Error {
     }
 }
 
+impl From<crate::registry::RegistryError> for Error {
+    fn from(e: crate::registry::RegistryError) -> Self {
+        use crate::registry::RegistryError;
+        match e {
+            RegistryError::NotFound(message) => Error::NotFound(message),
+            RegistryError::Invalid(invalid) => Error::Invalid(invalid),
+            RegistryError::Store(e) => e.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,16 +179,5 @@ mod tests {
             matches!(&e, Error::NotFound(m) if m == "run `ab12` not found"),
             "{e:?}"
         );
-    }
-}
-
-impl From<crate::registry::RegistryError> for Error {
-    fn from(e: crate::registry::RegistryError) -> Self {
-        use crate::registry::RegistryError;
-        match e {
-            RegistryError::NotFound(message) => Error::NotFound(message),
-            RegistryError::Invalid(invalid) => Error::Invalid(invalid),
-            RegistryError::Store(e) => e.into(),
-        }
     }
 }

@@ -3,6 +3,8 @@
 //! the settings know no request or response), apart from `app.rs`, which builds the router; and
 //! nothing below `app.rs` imports it back (only the command line that starts the server does).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed setup step is a failed test
+
 use std::path::{Path, PathBuf};
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {

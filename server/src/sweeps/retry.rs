@@ -1,7 +1,7 @@
 //! What a sweep controller does when a step fails: it tries again after a wait that doubles
 //! each time ([`Retry`]), and after that many failures in a row marks the sweep `failed` with
-//! the last error ([`give_up`]). A database that cannot be reached is waited out without
-//! counting ([`is_outage`]): the sweep did nothing wrong.
+//! the last error (`give_up`). A database that cannot be reached is waited out without
+//! counting (`is_outage`): the sweep did nothing wrong.
 
 use std::time::Duration;
 

@@ -101,12 +101,8 @@ pub fn unavailable(id: &str, status: RunStatus, run_dir: &FsPath) -> Option<Stri
         return Some(why);
     }
     let source = trainer::checkpoint::resolve_for_reading(run_dir).ok()?;
-    match model_refusal(&source) {
-        Ok(why) => why,
-        // An unreadable config is the export's own failure (a 500 with its cause), not a
-        // refusal.
-        Err(_) => None,
-    }
+    // An unreadable config is the export's own failure (a 500 with its cause), not a refusal.
+    model_refusal(&source).unwrap_or_default()
 }
 
 /// Exports the run's best (else latest) checkpoint into `out` (blocking).

@@ -113,7 +113,7 @@ pub fn table_columns(cols: &str, runs: &[Run]) -> (Vec<String>, Vec<String>) {
 }
 
 /// The params that differ among `runs`, most telling first: those a sweep varies (they differ
-/// among the runs of one sweep), then by [`telling`], then those with more distinct values
+/// among the runs of one sweep), then by `telling`, then those with more distinct values
 /// (they differ most), the key's name breaking ties so the order is stable.
 pub fn ranked_params(runs: &[Run]) -> Vec<String> {
     let param_keys: BTreeSet<&String> = runs.iter().flat_map(|r| r.params.keys()).collect();
@@ -154,7 +154,7 @@ pub fn chooser_keys(runs: &[Run]) -> Vec<String> {
     let ranked = ranked_params(runs);
     let mut seen: BTreeSet<String> = BTreeSet::new();
     let all: BTreeSet<&String> = runs.iter().flat_map(|r| r.params.keys()).collect();
-    for k in ranked.iter().chain(all.into_iter()) {
+    for k in ranked.iter().chain(all) {
         if seen.insert(k.clone()) {
             out.push(format!("params.{k}"));
         }

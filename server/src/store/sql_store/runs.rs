@@ -357,7 +357,7 @@ impl SqlStore {
         let mut tx = Tx::begin(conn, &health).await?;
         let result = async {
             tx.execute(Sql::new(search::POSTGRES_PLANNER)).await?;
-            self.search_on(&mut *tx, query, plans).await
+            self.search_on(&mut tx, query, plans).await
         }
         .await;
         tx.finish(result).await
