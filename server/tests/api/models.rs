@@ -23,8 +23,12 @@ async fn send(app: &TestApp, method: Method, path: &str, body: &Value) -> reqwes
 fn launch_from(init_from: &str) -> Value {
     json!({
         "launch": true, "experiment": "models", "profile": "tiny",
+        // The model the checkpoint was trained with (`small_model`): a fine-tune keeps it.
         "overrides": {"training.init_from": init_from, "training.max_steps": 1,
-                      "training.warmup_steps": 0, "training.device": "cpu"},
+                      "training.warmup_steps": 0, "training.device": "cpu",
+                      "model.vocab_size": 256, "model.d_model": 32, "model.n_layers": 2,
+                      "model.n_heads": 4, "model.d_ff": 64, "model.max_seq_len": 32,
+                      "training.seq_len": 16, "training.batch_size": 2},
     })
 }
 
@@ -106,8 +110,9 @@ async fn a_registered_checkpoint_is_aliased_listed_and_launched_from_by_its_alia
     let launched = app
         .post_json("/api/v1/runs", &launch_from("model:lm@champion"))
         .await;
-    assert_eq!(launched.status(), StatusCode::CREATED);
+    let status = launched.status();
     let launched: Value = launched.json().await.expect("run");
+    assert_eq!(status, StatusCode::CREATED, "{launched}");
     let checkpoint = source.trim_start_matches("checkpoint:");
     let init = launched["config"]["training"]["init_from"]
         .as_str()
