@@ -648,6 +648,13 @@ class Scenario:
         uri = client.get_model_version_download_uri(name, "1")
         assert uri.startswith("mlflow-artifacts:/") and uri.endswith(f"/{rid}/artifacts/model"), uri
 
+        # The client adds ``tags.`mlflow.prompt.is_prompt` != 'true'`` to every model search.
+        found = client.search_registered_models(f"name LIKE 'compat-model-{SUFFIX}%'")
+        assert sorted(m.name for m in found) == [name, other], f"search by LIKE: {found}"
+        found = client.search_registered_models(f"name = '{other}'")
+        assert [m.name for m in found] == [other], f"search by name: {found}"
+        found = client.search_registered_models(f"tags.team = 'nlp' AND name LIKE '%{SUFFIX}%'")
+        assert [m.name for m in found] == [other], f"search by tag: {found}"
         versions = client.search_model_versions(f"name = '{name}'")
         assert sorted(int(v.version) for v in versions) == [1, 2, 3], f"versions {versions}"
         by_run = client.search_model_versions(f"run_id = '{rid}'")

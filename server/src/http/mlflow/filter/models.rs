@@ -7,7 +7,17 @@ use crate::store::models::{ModelRow, VersionRow};
 
 use super::super::MlflowError;
 use super::experiments::test_value;
-use super::grammar::{invalid, parse, Clause, Ident};
+use super::grammar::{invalid, parse, Clause, Ident, Test};
+
+/// The tag MLflow's prompt registry marks a prompt with. The official client adds
+/// ``tags.`mlflow.prompt.is_prompt` != 'true'`` to every model search so that prompts stay out;
+/// as on MLflow's own server, a model without the tag passes that test (it is no prompt).
+const IS_PROMPT_TAG: &str = "mlflow.prompt.is_prompt";
+
+/// Whether `c` on a tag the row lacks still passes: only the prompt exclusion above.
+fn absent_tag_passes(key: &str, test: &Test) -> bool {
+    key == IS_PROMPT_TAG && matches!(test, Test::Cmp("!=", _))
+}
 
 /// A parsed registry filter, for models or for versions.
 pub struct RegistryFilter(Vec<Clause>);
@@ -61,7 +71,11 @@ impl RegistryFilter {
     pub fn matches_model(&self, m: &ModelRow) -> bool {
         self.0.iter().all(|c| {
             let value = match &c.ident {
-                Ident::Tag(k) => m.tags.get(k).cloned().map(Literal::Text),
+                Ident::Tag(k) => match m.tags.get(k) {
+                    Some(v) => Some(Literal::Text(v.clone())),
+                    None if absent_tag_passes(k, &c.test) => return true,
+                    None => None,
+                },
                 _ => Some(Literal::Text(m.name.clone())),
             };
             test_value(&c.test, value.as_ref())
@@ -71,7 +85,11 @@ impl RegistryFilter {
     pub fn matches_version(&self, v: &VersionRow) -> bool {
         self.0.iter().all(|c| {
             let value = match &c.ident {
-                Ident::Tag(k) => v.tags.get(k).cloned().map(Literal::Text),
+                Ident::Tag(k) => match v.tags.get(k) {
+                    Some(t) => Some(Literal::Text(t.clone())),
+                    None if absent_tag_passes(k, &c.test) => return true,
+                    None => None,
+                },
                 Ident::Attribute(a) => match a.as_str() {
                     "name" => Some(Literal::Text(v.model.clone())),
                     "run_id" => v.run_id.clone().map(Literal::Text),
