@@ -12,12 +12,15 @@ use crate::store::models::{
 use crate::store::sql::{Conn, Row, Sql};
 use crate::store::{now_ms, StoreError, StoreResult};
 
-const MODEL_COLUMNS: &str = "m.id, m.name, m.experiment_id, m.description, m.last_version, \
-     m.created_by, m.created_at, m.updated_at, \
-     (SELECT u.name FROM users u WHERE u.id = m.created_by)";
-const VERSION_COLUMNS: &str = "m.id, m.name, v.version, v.run_id, v.source, v.status, \
-     v.description, v.created_by, v.created_at, v.updated_at, \
-     (SELECT u.name FROM users u WHERE u.id = v.created_by)";
+// Each column named, so rows are read by name.
+const MODEL_COLUMNS: &str = "m.id AS model_id, m.name AS name, m.experiment_id AS experiment_id, \
+     m.description AS description, m.last_version AS last_version, m.created_by AS created_by, \
+     m.created_at AS created_at, m.updated_at AS updated_at, \
+     (SELECT u.name FROM users u WHERE u.id = m.created_by) AS creator";
+const VERSION_COLUMNS: &str = "m.id AS model_id, m.name AS name, v.version AS version, \
+     v.run_id AS run_id, v.source AS source, v.status AS status, v.description AS description, \
+     v.created_by AS created_by, v.created_at AS created_at, v.updated_at AS updated_at, \
+     (SELECT u.name FROM users u WHERE u.id = v.created_by) AS creator";
 
 fn model_not_found(name: &str) -> StoreError {
     StoreError::NotFound {
@@ -36,16 +39,16 @@ fn version_not_found(model: &str, version: i64) -> StoreError {
 /// A model row with its id (which tags, versions and aliases reference).
 fn model(row: &Row) -> Result<(String, ModelRow), sqlx::Error> {
     Ok((
-        row.get(0)?,
+        row.col("model_id")?,
         ModelRow {
-            name: row.get(1)?,
-            experiment_id: row.get(2)?,
-            description: row.get(3)?,
-            last_version: row.get(4)?,
-            created_by: row.get(5)?,
-            created_at: row.get(6)?,
-            updated_at: row.get(7)?,
-            creator: row.get(8)?,
+            name: row.col("name")?,
+            experiment_id: row.col("experiment_id")?,
+            description: row.col("description")?,
+            last_version: row.col("last_version")?,
+            created_by: row.col("created_by")?,
+            created_at: row.col("created_at")?,
+            updated_at: row.col("updated_at")?,
+            creator: row.col("creator")?,
             tags: BTreeMap::new(),
             aliases: BTreeMap::new(),
         },
@@ -54,18 +57,18 @@ fn model(row: &Row) -> Result<(String, ModelRow), sqlx::Error> {
 
 fn version(row: &Row) -> Result<(String, VersionRow), sqlx::Error> {
     Ok((
-        row.get(0)?,
+        row.col("model_id")?,
         VersionRow {
-            model: row.get(1)?,
-            version: row.get(2)?,
-            run_id: row.get(3)?,
-            source: row.get(4)?,
-            status: row.get(5)?,
-            description: row.get(6)?,
-            created_by: row.get(7)?,
-            created_at: row.get(8)?,
-            updated_at: row.get(9)?,
-            creator: row.get(10)?,
+            model: row.col("name")?,
+            version: row.col("version")?,
+            run_id: row.col("run_id")?,
+            source: row.col("source")?,
+            status: row.col("status")?,
+            description: row.col("description")?,
+            created_by: row.col("created_by")?,
+            created_at: row.col("created_at")?,
+            updated_at: row.col("updated_at")?,
+            creator: row.col("creator")?,
             tags: BTreeMap::new(),
             aliases: Vec::new(),
         },
