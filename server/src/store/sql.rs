@@ -260,6 +260,20 @@ impl Row {
             Row::Postgres(r) => r.try_get(name),
         }
     }
+
+    /// The positions of the columns `names`, looked up once by name so a loop over many rows
+    /// of one query reads each by position (`get`) without hashing a name per value.
+    pub fn positions<const N: usize>(&self, names: [&str; N]) -> Result<[usize; N], sqlx::Error> {
+        use sqlx::{Column as _, Row as _};
+        let mut out = [0; N];
+        for (slot, name) in out.iter_mut().zip(names) {
+            *slot = match self {
+                Row::Sqlite(r) => r.try_column(name)?.ordinal(),
+                Row::Postgres(r) => r.try_column(name)?.ordinal(),
+            };
+        }
+        Ok(out)
+    }
 }
 
 /// A pooled connection of either backend.

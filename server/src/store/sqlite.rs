@@ -122,12 +122,12 @@ async fn write_in(tx: &mut Conn, run_id: &str, batch: &Batch) -> StoreResult<App
     for (sid, lo, hi) in ingest::step_ranges(batch, &series) {
         let probe = Sql::new(
             "SELECT EXISTS (SELECT 1 FROM metric_points \
-             WHERE series_id = $1 AND step >= $2 AND step <= $3)",
+             WHERE series_id = $1 AND step >= $2 AND step <= $3) AS clash",
         );
         clash = tx
             .fetch_one(probe.bind(sid).bind(lo).bind(hi))
             .await?
-            .get(0)?;
+            .col("clash")?;
         if clash {
             break;
         }
@@ -221,8 +221,16 @@ async fn upsert_points(
     let mut inserted = std::collections::HashMap::with_capacity(batch.points.len());
     for mut insert in point_inserts(batch, series, base) {
         insert.push(" ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step");
-        for row in tx.fetch_all(insert).await? {
-            inserted.insert((row.get::<i64>(1)?, row.get::<i64>(2)?), row.get::<i64>(0)?);
+        let rows = tx.fetch_all(insert).await?;
+        let Some(first) = rows.first() else {
+            continue;
+        };
+        let [seq, series_id, step] = first.positions(["seq", "series_id", "step"])?;
+        for row in &rows {
+            inserted.insert(
+                (row.get::<i64>(series_id)?, row.get::<i64>(step)?),
+                row.get::<i64>(seq)?,
+            );
         }
     }
     let earlier = stored_values(tx, &ingest::not_inserted(batch, series, &inserted)).await?;

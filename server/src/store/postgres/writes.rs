@@ -188,7 +188,7 @@ async fn append_new(
             }
             let mut series = ingest::SeriesMap::default();
             for row in rows {
-                series.insert(row.try_get(1)?, row.try_get(0)?);
+                series.insert(row.try_get("key")?, row.try_get("id")?);
             }
             pools.series_ids.put(run_id, &series);
             series
@@ -221,7 +221,7 @@ async fn append_new(
              wr AS (INSERT INTO metric_writes (run_id, first_seq, last_seq, first_step, \
              last_step, count) SELECT $5, base + 1, base + cardinality($1::int8[]), $9, $10, \
              cardinality($1::int8[]) FROM run), {} \
-             SELECT (SELECT base FROM run)",
+             SELECT (SELECT base FROM run) AS base",
         changes_ctes(11, guard)
     );
     let q = sqlx::query(&sql)
@@ -246,7 +246,7 @@ async fn append_new(
         }
         Err(e) => return Err(e.into()),
     };
-    let Some(base) = row.try_get::<Option<i64>, _>(0)? else {
+    let Some(base) = row.try_get::<Option<i64>, _>("base")? else {
         // The run is unknown, a cached id is stale, or points exist: start from scratch.
         pools.series_ids.forget(run_id);
         return Ok(None);

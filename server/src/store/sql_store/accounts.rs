@@ -104,7 +104,10 @@ impl SqlStore {
              WHERE m.team_id = $1 ORDER BY u.name",
         );
         let rows = self.reader().await?.fetch_all(q.bind(team_id)).await?;
-        Ok(rows.iter().map(|r| r.get(0)).collect::<Result<_, _>>()?)
+        Ok(rows
+            .iter()
+            .map(|r| r.col("name"))
+            .collect::<Result<_, _>>()?)
     }
 
     async fn team_where(&self, column: &str, value: &str) -> StoreResult<Option<Team>> {
@@ -175,7 +178,7 @@ impl Accounts for SqlStore {
     async fn password_hash(&self, user_id: &str) -> StoreResult<Option<String>> {
         let q = Sql::new("SELECT password_hash FROM users WHERE id = $1").bind(user_id);
         let row = self.reader().await?.fetch_optional(q).await?;
-        Ok(row.map(|r| r.get(0)).transpose()?.flatten())
+        Ok(row.map(|r| r.col("password_hash")).transpose()?.flatten())
     }
 
     async fn set_password(&self, user_id: &str, hash: &str, now: i64) -> StoreResult<()> {
@@ -355,7 +358,7 @@ impl Accounts for SqlStore {
         let rows = self.reader().await?.fetch_all(q).await?;
         let mut teams = Vec::with_capacity(rows.len());
         for row in rows {
-            let id: String = row.get(0)?;
+            let id: String = row.col("id")?;
             if let Some(team) = self.team_where("id", &id).await? {
                 teams.push(team);
             }

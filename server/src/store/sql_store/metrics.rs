@@ -22,7 +22,7 @@ pub async fn series_for(tx: &mut Conn, run_id: &str, keys: &[String]) -> StoreRe
     select.tuple(keys);
     let mut series = SeriesMap::default();
     for row in tx.fetch_all(select).await? {
-        series.insert(row.get(1)?, row.get(0)?);
+        series.insert(row.col("key")?, row.col("id")?);
     }
     for key in keys {
         if series.get(key).is_none() {
@@ -36,7 +36,7 @@ pub async fn series_for(tx: &mut Conn, run_id: &str, keys: &[String]) -> StoreRe
                 .fetch_optional(insert.bind(run_id).bind(key))
                 .await?
                 .ok_or_else(|| common::not_found_run(run_id))?;
-            series.insert(key.clone(), row.get(0)?);
+            series.insert(key.clone(), row.col("id")?);
         }
     }
     Ok(series)
@@ -58,8 +58,13 @@ pub async fn stored_values(
                 Sql::new("SELECT step, value FROM metric_points WHERE series_id = $1 AND step IN ")
                     .bind(sid);
             select.tuple(chunk.iter().copied());
-            for row in tx.fetch_all(select).await? {
-                values.insert((sid, row.get(0)?), row.get(1)?);
+            let rows = tx.fetch_all(select).await?;
+            let Some(first) = rows.first() else {
+                continue;
+            };
+            let [step, value] = first.positions(["step", "value"])?;
+            for row in &rows {
+                values.insert((sid, row.get(step)?), row.get(value)?);
             }
         }
     }
@@ -71,7 +76,8 @@ pub async fn stored_values(
 /// seq is the returned base + 1. A run that does not exist is not found.
 pub async fn reserve_seqs(tx: &mut Conn, run_id: &str, n: usize) -> StoreResult<i64> {
     let reserve = Sql::new(
-        "UPDATE runs SET point_seq = point_seq + $1 WHERE id = $2 RETURNING point_seq - $1",
+        "UPDATE runs SET point_seq = point_seq + $1 WHERE id = $2 \
+         RETURNING point_seq - $1 AS base",
     )
     .bind(n as i64)
     .bind(run_id);
@@ -79,7 +85,7 @@ pub async fn reserve_seqs(tx: &mut Conn, run_id: &str, n: usize) -> StoreResult<
         .fetch_optional(reserve)
         .await?
         .ok_or_else(|| common::not_found_run(run_id))?;
-    Ok(row.get(0)?)
+    Ok(row.col("base")?)
 }
 
 /// Records which seqs and steps a write stored, for live catch-up (`points_after`).
@@ -136,10 +142,10 @@ async fn writes_from(conn: &mut Conn, run_id: &str, after: i64) -> StoreResult<V
     let rows = conn.fetch_all(select).await?;
     let write = |r: &Row| -> Result<Write, sqlx::Error> {
         Ok(Write {
-            last_seq: r.get(0)?,
-            first_step: r.get(1)?,
-            last_step: r.get(2)?,
-            count: r.get(3)?,
+            last_seq: r.col("last_seq")?,
+            first_step: r.col("first_step")?,
+            last_step: r.col("last_step")?,
+            count: r.col("count")?,
         })
     };
     Ok(rows.iter().map(write).collect::<Result<_, _>>()?)
@@ -162,19 +168,56 @@ fn take_writes(writes: &[Write], wanted: usize) -> Option<Write> {
     Some(taken)
 }
 
-fn agg(r: &Row) -> Result<Agg, sqlx::Error> {
-    let extreme = |i: usize| -> Result<Extreme, sqlx::Error> {
-        Ok(Extreme {
-            step: r.get(i)?,
-            value: r.get(i + 1)?,
-            time: r.get(i + 2)?,
-        })
+/// Rollup rows (`count`, then `min_`/`max_` step, value and time) as aggregates; the
+/// columns are found by name on the first row.
+fn aggs(rows: &[Row]) -> Result<Vec<Agg>, sqlx::Error> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
     };
-    Ok(Agg {
-        count: r.get(0)?,
-        min: extreme(1)?,
-        max: extreme(4)?,
-    })
+    let [count, min_step, min_value, min_time, max_step, max_value, max_time] =
+        first.positions([
+            "count",
+            "min_step",
+            "min_value",
+            "min_time",
+            "max_step",
+            "max_value",
+            "max_time",
+        ])?;
+    rows.iter()
+        .map(|r| {
+            Ok(Agg {
+                count: r.get(count)?,
+                min: Extreme {
+                    step: r.get(min_step)?,
+                    value: r.get(min_value)?,
+                    time: r.get(min_time)?,
+                },
+                max: Extreme {
+                    step: r.get(max_step)?,
+                    value: r.get(max_value)?,
+                    time: r.get(max_time)?,
+                },
+            })
+        })
+        .collect()
+}
+
+/// `step, value, time` rows as points; the columns are found by name on the first row.
+fn series_points(rows: &[Row]) -> StoreResult<Vec<SeriesPoint>> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let [step, value, time] = first.positions(["step", "value", "time"])?;
+    rows.iter()
+        .map(|r| {
+            Ok(SeriesPoint {
+                step: r.get(step)?,
+                value: r.get(value)?,
+                time: r.get(time)?,
+            })
+        })
+        .collect()
 }
 
 /// One series of the store, read for `downsample::read_series`.
@@ -197,15 +240,7 @@ impl SeriesSource for SqlSeries<'_> {
         let rows = conn
             .fetch_all(select.bind(self.series_id).bind(from).bind(to))
             .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(SeriesPoint {
-                    step: r.get(0)?,
-                    value: r.get(1)?,
-                    time: r.get(2)?,
-                })
-            })
-            .collect()
+        series_points(&rows)
     }
 
     async fn rollups(&self, level: u32, from: i64, to: i64) -> StoreResult<Vec<Agg>> {
@@ -226,7 +261,7 @@ impl SeriesSource for SqlSeries<'_> {
                     .bind(to),
             )
             .await?;
-        Ok(rows.iter().map(agg).collect::<Result<_, _>>()?)
+        Ok(aggs(&rows)?)
     }
 
     async fn bounds(&self, from: i64, to: i64) -> StoreResult<Option<(i64, i64)>> {
@@ -240,7 +275,7 @@ impl SeriesSource for SqlSeries<'_> {
             let row = conn
                 .fetch_optional(select.bind(self.series_id).bind(from).bind(to))
                 .await?;
-            *end = row.map(|r| r.get::<i64>(0)).transpose()?;
+            *end = row.map(|r| r.col::<i64>("step")).transpose()?;
         }
         Ok(ends[0].zip(ends[1]))
     }
@@ -256,7 +291,8 @@ impl SqlStore {
             return Ok(Vec::new());
         }
         let mut select = Sql::new(
-            "SELECT s.run_id, s.key, MIN(p.value), MAX(p.value) FROM metric_series s \
+            "SELECT s.run_id, s.key, MIN(p.value) AS min, MAX(p.value) AS max \
+             FROM metric_series s \
              JOIN metric_points p ON p.series_id = s.id WHERE s.run_id IN ",
         );
         select.tuple(run_ids);
@@ -267,10 +303,10 @@ impl SqlStore {
         let rows = conn.fetch_all(select).await?;
         let extremes = |r: &Row| -> Result<MetricExtremes, sqlx::Error> {
             Ok(MetricExtremes {
-                run_id: r.get(0)?,
-                key: r.get(1)?,
-                min: r.get(2)?,
-                max: r.get(3)?,
+                run_id: r.col("run_id")?,
+                key: r.col("key")?,
+                min: r.col("min")?,
+                max: r.col("max")?,
             })
         };
         Ok(rows.iter().map(extremes).collect::<Result<_, _>>()?)
@@ -286,10 +322,10 @@ impl SqlStore {
         let rows = conn.fetch_all(select.bind(run_id)).await?;
         let key = |r: &Row| -> Result<MetricKey, sqlx::Error> {
             Ok(MetricKey {
-                key: r.get(0)?,
-                count: r.get(1)?,
-                last_step: r.get(2)?,
-                last_value: r.get(3)?,
+                key: r.col("key")?,
+                count: r.col("count")?,
+                last_step: r.col("last_step")?,
+                last_value: r.col("last_value")?,
             })
         };
         Ok(rows.iter().map(key).collect::<Result<_, _>>()?)
@@ -312,9 +348,9 @@ impl SqlStore {
         drop(conn);
         let src = SqlSeries {
             store: self,
-            series_id: series.get(0)?,
+            series_id: series.col("id")?,
         };
-        let count: i64 = series.get(1)?;
+        let count: i64 = series.col("count")?;
         downsample::read_series(&src, key, count, start_step, end_step, max_points).await
     }
 
@@ -332,7 +368,7 @@ impl SqlStore {
             .await?;
         let keys = rows
             .iter()
-            .map(|r| Ok((r.get::<i64>(0)?, r.get::<String>(1)?)))
+            .map(|r| Ok((r.col::<i64>("id")?, r.col::<String>("key")?)))
             .collect::<Result<HashMap<_, _>, sqlx::Error>>()?;
         let mut out = Vec::new();
         if keys.is_empty() || limit == 0 {
@@ -359,15 +395,20 @@ impl SqlStore {
             select.tuple(keys.keys().copied());
             select.push(" ORDER BY seq LIMIT ");
             select.arg((limit - out.len()) as i64);
-            for r in conn.fetch_all(select).await? {
-                let sid: i64 = r.get(0)?;
-                out.push(StoredPoint {
-                    key: keys.get(&sid).cloned().unwrap_or_default(),
-                    step: r.get(1)?,
-                    value: r.get(2)?,
-                    time: r.get(3)?,
-                    seq: r.get(4)?,
-                });
+            let rows = conn.fetch_all(select).await?;
+            if let Some(first) = rows.first() {
+                let [series_id, step, value, time, seq] =
+                    first.positions(["series_id", "step", "value", "time", "seq"])?;
+                for r in &rows {
+                    let sid: i64 = r.get(series_id)?;
+                    out.push(StoredPoint {
+                        key: keys.get(&sid).cloned().unwrap_or_default(),
+                        step: r.get(step)?,
+                        value: r.get(value)?,
+                        time: r.get(time)?,
+                        seq: r.get(seq)?,
+                    });
+                }
             }
             if out.len() >= limit {
                 return Ok(out);
@@ -389,7 +430,7 @@ impl SqlStore {
             self.run_exists(&mut conn, run_id).await?;
             return Ok(Vec::new());
         };
-        let series_id: i64 = series.get(0)?;
+        let series_id: i64 = series.col("id")?;
         let from = after_step.map_or(0, |s| s.saturating_add(1));
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         if let Conn::Postgres(pg) = &mut conn {
@@ -404,14 +445,6 @@ impl SqlStore {
         let rows = conn
             .fetch_all(select.bind(series_id).bind(from).bind(limit))
             .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(SeriesPoint {
-                    step: r.get(0)?,
-                    value: r.get(1)?,
-                    time: r.get(2)?,
-                })
-            })
-            .collect()
+        series_points(&rows)
     }
 }

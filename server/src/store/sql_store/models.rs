@@ -99,15 +99,17 @@ async fn model_details(
     let alias_rows = conn.fetch_all(aliases).await?;
     let mut out: Vec<ModelRow> = models.into_iter().map(|(_, m)| m).collect();
     for row in tag_rows {
-        let id: String = row.get(0)?;
+        let id: String = row.col("model_id")?;
         if let Some(&i) = index.get(&id) {
-            out[i].tags.insert(row.get(1)?, row.get(2)?);
+            out[i].tags.insert(row.col("key")?, row.col("value")?);
         }
     }
     for row in alias_rows {
-        let id: String = row.get(0)?;
+        let id: String = row.col("model_id")?;
         if let Some(&i) = index.get(&id) {
-            out[i].aliases.insert(row.get(1)?, row.get(2)?);
+            out[i]
+                .aliases
+                .insert(row.col("alias")?, row.col("version")?);
         }
     }
     Ok(out)
@@ -140,15 +142,15 @@ async fn version_details(
     let alias_rows = conn.fetch_all(aliases).await?;
     let mut out: Vec<VersionRow> = versions.into_iter().map(|(_, v)| v).collect();
     for row in tag_rows {
-        let key: (String, i64) = (row.get(0)?, row.get(1)?);
+        let key: (String, i64) = (row.col("model_id")?, row.col("version")?);
         if let Some(&i) = index.get(&key) {
-            out[i].tags.insert(row.get(2)?, row.get(3)?);
+            out[i].tags.insert(row.col("key")?, row.col("value")?);
         }
     }
     for row in alias_rows {
-        let key: (String, i64) = (row.get(0)?, row.get(1)?);
+        let key: (String, i64) = (row.col("model_id")?, row.col("version")?);
         if let Some(&i) = index.get(&key) {
-            out[i].aliases.push(row.get(2)?);
+            out[i].aliases.push(row.col("alias")?);
         }
     }
     Ok(out)
@@ -159,7 +161,7 @@ impl SqlStore {
     async fn model_id(conn: &mut Conn, name: &str) -> StoreResult<String> {
         let q = Sql::new("SELECT id FROM registered_models WHERE name = $1").bind(name);
         match conn.fetch_optional(q).await? {
-            Some(row) => Ok(row.get(0)?),
+            Some(row) => Ok(row.col("id")?),
             None => Err(model_not_found(name)),
         }
     }
@@ -392,7 +394,7 @@ impl Models for SqlStore {
             )
             .bind(&id)
             .bind(now);
-            let number: i64 = tx.fetch_one(bump).await?.get(0)?;
+            let number: i64 = tx.fetch_one(bump).await?.col("last_version")?;
             let insert = Sql::new(
                 "INSERT INTO model_versions (model_id, version, run_id, source, status, \
                  description, created_by, created_at, updated_at) \
@@ -626,7 +628,7 @@ impl Models for SqlStore {
                 id: format!("{model}@{alias}"),
             });
         };
-        let number: i64 = row.get(0)?;
+        let number: i64 = row.col("version")?;
         self.one_version(&mut conn, model, number).await
     }
 }

@@ -17,15 +17,15 @@ const CHUNK: usize = 500;
 const EVENT_COLUMNS: &str = "seq, run_id, time, from_status, to_status, reason";
 
 fn event(row: &Row) -> StoreResult<RunEvent> {
-    let from: Option<String> = row.get(3)?;
-    let to: String = row.get(4)?;
+    let from: Option<String> = row.col("from_status")?;
+    let to: String = row.col("to_status")?;
     Ok(RunEvent {
-        seq: row.get(0)?,
-        run_id: row.get(1)?,
-        time: row.get(2)?,
+        seq: row.col("seq")?,
+        run_id: row.col("run_id")?,
+        time: row.col("time")?,
         from_status: from.as_deref().map(common::parse_status).transpose()?,
         to_status: common::parse_status(&to)?,
-        reason: row.get(5)?,
+        reason: row.col("reason")?,
     })
 }
 
@@ -169,7 +169,7 @@ impl SqlStore {
                     id: new.experiment_id.clone(),
                 });
             };
-            if row.get::<Option<i64>>(0)?.is_some() {
+            if row.col::<Option<i64>>("deleted_at")?.is_some() {
                 return Err(StoreError::Invalid {
                     field: "experiment_id",
                     message: "the experiment is deleted: restore it before adding runs".into(),
@@ -233,7 +233,7 @@ impl SqlStore {
                 .fetch_optional(select.bind(id))
                 .await?
                 .ok_or_else(|| common::not_found_run(id))?
-                .get(0)?;
+                .col("config")?;
             if let Some(name) = &update.name {
                 let name = common::valid_name("name", name)?;
                 let set = Sql::new("UPDATE runs SET name = $1 WHERE id = $2");
@@ -301,7 +301,7 @@ impl SqlStore {
                 .fetch_optional(select.bind(id))
                 .await?
                 .ok_or_else(|| common::not_found_run(id))?
-                .get(0)?;
+                .col("status")?;
             let from = common::parse_status(&from)?;
             let set = Sql::new(
                 "UPDATE runs SET status = $1, \
