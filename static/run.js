@@ -1,7 +1,7 @@
 // Run page: live charts, heatmaps, log pane, status badge and edit forms.
 import { LineChart } from "./chart.js";
 import { LiveFeed } from "./chart/live.js";
-import { chartCard, heatmapCard, placeCard } from "./chart/cards.js";
+import { chartCard, heatmapCard, placeCard, sectionCards, showSections } from "./chart/cards.js";
 import { formatMetric } from "./chart/scales.js";
 import { Heatmap } from "./heatmap.js";
 import { runPath, fetchSeries, fetchExpertUtilization, fetchChartLayout, sendJSON } from "./api.js";
@@ -98,11 +98,16 @@ async function loadHeatmaps(layers) {
  */
 async function applyLayout(layout) {
   const work = [];
-  const container = document.getElementById("charts");
   const order = layout.charts.map((g) => g.id);
+  const place = (card, g) => placeCard(sectionCards(g.section), card, order, (c) => c.dataset.group);
   for (const g of layout.charts) {
     const entry = cards.get(g.id);
     if (entry && entry.keys.every((k, i) => g.keys[i] === k)) {
+      // A chart of `val/` keys that a `train/` key joined moves under Training.
+      if (entry.section.dataset.section !== g.section) {
+        entry.section.dataset.section = g.section;
+        place(entry.section, g);
+      }
       if (g.keys.length > entry.keys.length) work.push(addKeys(entry, g.keys.slice(entry.keys.length)));
       continue;
     }
@@ -110,12 +115,12 @@ async function applyLayout(layout) {
     if (entry) {
       feed.detach(entry.chart);
       cards.delete(g.id);
-      entry.section.replaceWith(card);
-    } else {
-      placeCard(container, card, order, (c) => c.dataset.group);
+      entry.section.remove();
     }
+    place(card, g);
     work.push(initChart(card.querySelector(".chart-box")));
   }
+  showSections();
   if (layout.charts.length) document.getElementById("charts-empty")?.remove();
 
   const heatBox = document.getElementById("heatmaps");
@@ -179,12 +184,12 @@ function wireMoreCharts() {
     more.disabled = true;
     try {
       const page = await fetchChartLayout(runId, { cursor: more.dataset.cursor });
-      const container = document.getElementById("charts");
       const added = page.charts.filter((g) => !cards.has(g.id)).map((g) => {
         const card = chartCard(g);
-        container.append(card);
+        sectionCards(g.section).append(card);
         return initChart(card.querySelector(".chart-box"));
       });
+      showSections();
       const count = document.getElementById("charts-count");
       // initChart registers its card before it reads anything.
       if (count) count.textContent = `${cards.size} of ${page.total_charts} charts shown`;

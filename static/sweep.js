@@ -1,7 +1,8 @@
 // Sweep page: everything the server rendered (header, trials table) follows the sweep's event
 // stream (`GET /api/v1/sweeps/{id}/events`: `sweep` events carrying the whole sweep, at once
 // and after every change), the plots are drawn from it, and the buttons pause, resume, stop and
-// change the sweep through the API. The page never reloads.
+// change the sweep through the API. The page never reloads. Without this script the buttons and
+// the change form post to the page's own routes, which redirect back here.
 
 import { sendJSON } from "./api.js";
 import { subscribe, registry } from "./live.js";
@@ -147,8 +148,11 @@ const stream = subscribe(`${api}/events`, {
 // --- Actions ------------------------------------------------------------------------------
 
 const status = $("sweep-action-status");
+// Each button is a form to the page's route (it works without this script); here the form
+// goes through the API instead and the page stays.
 for (const button of document.querySelectorAll(".sweep-controls button[data-action]")) {
-  button.addEventListener("click", async () => {
+  button.form.addEventListener("submit", async (e) => {
+    e.preventDefault();
     const action = button.dataset.action;
     if (action === "stop" && !confirm("Stop this sweep? Its running trials are stopped too.")) return;
     button.disabled = true;

@@ -1,7 +1,7 @@
 //! `trainyard sweep submit sweep.yaml --server URL [--follow]`: start a sweep from a terminal,
 //! and optionally follow its trials until it ends; `trainyard sweep pause|resume|stop ID`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -86,18 +86,15 @@ pub async fn run(args: SweepArgs) -> anyhow::Result<i32> {
     follow_sweep(&client, &sweep.id).await
 }
 
-/// One line per trial whenever its state or step changed; the best trial at the end.
+/// One line per trial whenever its state or step changed, and one for its end; the best trial
+/// at the end.
 async fn follow_sweep(client: &Client, id: &str) -> anyhow::Result<i32> {
     let mut events = client.sweep_events(id).await?;
-    let mut shown: BTreeMap<i64, String> = BTreeMap::new();
+    let mut printed = Printed::default();
     let mut last: Option<Sweep> = None;
     while let Some(sweep) = events.next().await.transpose()? {
-        for trial in &sweep.trials {
-            let line = trial_line(&sweep, trial);
-            if shown.get(&trial.number) != Some(&line) {
-                println!("{line}");
-                shown.insert(trial.number, line);
-            }
+        for line in printed.new_lines(&sweep) {
+            println!("{line}");
         }
         last = Some(sweep);
     }
@@ -123,6 +120,35 @@ async fn follow_sweep(client: &Client, id: &str) -> anyhow::Result<i32> {
     })
 }
 
+/// The trial lines printed so far: a running trial's line is printed again when it changed, an
+/// ended trial's once. A pruned trial's run may log a few more points while it stops; its end
+/// (the step it reached and its value when it was pruned) stays what was printed.
+#[derive(Debug, Default)]
+struct Printed {
+    shown: BTreeMap<i64, String>,
+    ended: BTreeSet<i64>,
+}
+
+impl Printed {
+    fn new_lines(&mut self, sweep: &Sweep) -> Vec<String> {
+        let mut lines = Vec::new();
+        for trial in &sweep.trials {
+            if self.ended.contains(&trial.number) {
+                continue;
+            }
+            let line = trial_line(sweep, trial);
+            if self.shown.get(&trial.number) != Some(&line) {
+                lines.push(line.clone());
+                self.shown.insert(trial.number, line);
+            }
+            if !trial.state.is_active() {
+                self.ended.insert(trial.number);
+            }
+        }
+        lines
+    }
+}
+
 fn trial_line(sweep: &Sweep, trial: &Trial) -> String {
     let params: Vec<String> = trial
         .params
@@ -135,8 +161,20 @@ fn trial_line(sweep: &Sweep, trial: &Trial) -> String {
         trial.state.as_str(),
         params.join(" ")
     );
-    if let (Some(step), Some([_, value])) = (trial.step, trial.curve.last()) {
+    // An ended trial's step and value are those it ended with; a running one's, its latest
+    // point.
+    let at = if trial.state.is_active() {
+        trial.step.zip(trial.curve.last().map(|p| p[1]))
+    } else {
+        trial.step.zip(trial.value)
+    };
+    if let Some((step, value)) = at {
         line.push_str(&format!("  step {step} {}={value}", sweep.metric));
+    }
+    if !trial.state.is_active() {
+        if let Some(reason) = trial.reason.as_deref().filter(|r| !r.is_empty()) {
+            line.push_str(&format!("  ({reason})"));
+        }
     }
     line
 }
@@ -144,6 +182,64 @@ fn trial_line(sweep: &Sweep, trial: &Trial) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::sweeps::TrialState;
+
+    fn trial(state: TrialState, step: i64, value: Option<f64>, curve_to: i64) -> Trial {
+        Trial {
+            number: 2,
+            run_id: Some("r".into()),
+            params: Default::default(),
+            state,
+            value,
+            step: Some(step),
+            reason: (state == TrialState::Pruned).then(|| "pruned at step 30: ...".into()),
+            curve: (0..=curve_to).map(|s| [s as f64, s as f64 / 4.0]).collect(),
+        }
+    }
+
+    fn sweep_of(trials: Vec<Trial>) -> Sweep {
+        Sweep {
+            id: "s".into(),
+            name: "s".into(),
+            experiment_id: "e".into(),
+            state: SweepState::Running,
+            message: None,
+            version: 1,
+            method: "random".into(),
+            metric: "loss".into(),
+            goal: "minimize".into(),
+            max_trials: 4,
+            parallel: 2,
+            best: None,
+            trials,
+        }
+    }
+
+    #[test]
+    fn a_pruned_trial_is_printed_once_with_its_value_at_pruning() {
+        let mut printed = Printed::default();
+        let running = printed.new_lines(&sweep_of(vec![trial(TrialState::Running, 20, None, 20)]));
+        assert_eq!(running, ["trial 2 running   step 20 loss=5"]);
+        // Pruned at step 30 with 2.7; its run logged up to step 34 before it stopped.
+        let pruned = printed.new_lines(&sweep_of(vec![trial(
+            TrialState::Pruned,
+            30,
+            Some(2.7),
+            34,
+        )]));
+        assert_eq!(
+            pruned,
+            ["trial 2 pruned   step 30 loss=2.7  (pruned at step 30: ...)"]
+        );
+        // More points after the prune print nothing.
+        let later = printed.new_lines(&sweep_of(vec![trial(
+            TrialState::Pruned,
+            30,
+            Some(2.7),
+            40,
+        )]));
+        assert!(later.is_empty(), "{later:?}");
+    }
 
     #[test]
     fn a_spec_file_gets_the_working_directory_of_the_command() {

@@ -10,9 +10,9 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
-/** A chart card for a layout group {id, title, keys, x_unit}. */
+/** A chart card for a layout group {id, title, keys, x_unit, section}. */
 export function chartCard(group) {
-  return el("section", { class: "chart-card", "data-group": group.id },
+  return el("section", { class: "chart-card", "data-group": group.id, "data-section": group.section ?? "training" },
     el("h3", {},
       el("span", { class: "chart-title" }, group.title), " ",
       el("span", { class: "muted mono", "data-latest-of": group.keys[0] ?? "" })),
@@ -31,6 +31,16 @@ export function heatmapCard(h) {
       class: "heat-box", "data-layer": String(h.layer), "data-experts": String(h.experts),
       "data-keys": h.keys.join(","), "data-title": `Layer ${h.layer} expert utilisation`,
     }));
+}
+
+/** The card container under a chart heading (`#charts [data-section-cards]`). */
+export function sectionCards(section) {
+  return document.querySelector(`#charts [data-section-cards="${CSS.escape(section ?? "training")}"]`);
+}
+
+/** Shows the chart headings that hold a card, hides the others. */
+export function showSections() {
+  for (const s of document.querySelectorAll("#charts .chart-section")) s.hidden = !s.querySelector(".chart-card");
 }
 
 /**

@@ -66,7 +66,7 @@ class CanvasPlot {
     const c = prepareCanvas(this.canvas, this.box);
     if (!c) return this.count;
     const colors = { text: cssVar(this.box, "--muted", "#666"), grid: cssVar(this.box, "--grid", "#eee"), fg: cssVar(this.box, "--fg", "#222") };
-    this.count = this.paint(c, this.data, colors);
+    this.count = this.paint(c, this.data, colors, this.box);
     this.box.dataset.drawn = String(this.count);
     return this.count;
   }
@@ -159,12 +159,41 @@ function paintBest({ ctx, w, h }, d, colors) {
 
 // --- Curves -----------------------------------------------------------------------------------
 
-function paintCurves({ ctx, w, h }, d, colors) {
-  const trials = d.trials.filter((t) => (t.curve ?? []).some((p) => finite(p[1])));
+/** The points of a trial's curve the chart draws: a pruned trial's up to the step it had
+ *  reached when it was pruned (its run may log a few more while it stops). */
+function drawnPoints(t) {
+  const pts = (t.curve ?? []).filter((p) => finite(p[1]));
+  return t.state === "pruned" && finite(t.step) ? pts.filter((p) => p[0] <= t.step) : pts;
+}
+
+/** The curves' legend under the chart: a swatch per trial, in its colour (pruned: grey,
+ *  dashed), its number, state and, for the best, a mark. */
+function curvesLegend(box, trials, best) {
+  let legend = box.parentElement?.querySelector(".sweep-curves-legend");
+  if (!legend) {
+    legend = document.createElement("div");
+    legend.className = "chart-legend sweep-curves-legend";
+    legend.id = "sweep-curves-legend";
+    box.after(legend);
+  }
+  const items = [...trials].sort((a, b) => a.number - b.number).map((t) => {
+    const item = document.createElement("span");
+    item.dataset.trial = String(t.number);
+    item.dataset.state = t.state;
+    const sw = document.createElement("i");
+    if (t.state === "pruned") { sw.className = "dashed"; sw.style.borderColor = GREY; } else sw.style.background = colorFor(t.number);
+    item.append(sw, document.createTextNode(`trial ${t.number}${t.state === "running" ? "" : ` (${t.state})`}${t.number === best ? " · best" : ""}`));
+    return item;
+  });
+  legend.replaceChildren(...items);
+}
+
+function paintCurves({ ctx, w, h }, d, colors, box) {
+  const trials = d.trials.filter((t) => drawnPoints(t).length > 0);
+  curvesLegend(box, trials, d.best?.number);
   if (!trials.length) { note(ctx, w, h, `No ${d.metric} points yet`, colors); return 0; }
   let x0 = Infinity, x1 = -Infinity, v0 = Infinity, v1 = -Infinity;
-  for (const t of trials) for (const [s, v] of t.curve) {
-    if (!finite(v)) continue;
+  for (const t of trials) for (const [s, v] of drawnPoints(t)) {
     x0 = Math.min(x0, s); x1 = Math.max(x1, s); v0 = Math.min(v0, v); v1 = Math.max(v1, v);
   }
   if (x1 === x0) { x0 -= 1; x1 += 1; }
@@ -179,7 +208,7 @@ function paintCurves({ ctx, w, h }, d, colors) {
   // Pruned curves first, so live and complete ones are drawn over them.
   trials.sort((a, b) => (a.state === "pruned") === (b.state === "pruned") ? a.number - b.number : a.state === "pruned" ? -1 : 1);
   for (const t of trials) {
-    const pts = t.curve.filter((p) => finite(p[1]));
+    const pts = drawnPoints(t);
     const xs = Float64Array.from(pts, (p) => p[0]), ys = Float64Array.from(pts, (p) => p[1]);
     const pruned = t.state === "pruned";
     const color = pruned ? GREY : colorFor(t.number);
@@ -208,6 +237,35 @@ function paintCurves({ ctx, w, h }, d, colors) {
 
 // --- Parallel coordinates ---------------------------------------------------------------------
 
+/** The axis names above the parallel-coordinates plot, as text over the canvas: each wraps at
+ *  its dots within the room between axes and is cut with an ellipsis beyond two lines; its
+ *  title holds the full name. */
+function axisLabels(box, axes, width, top) {
+  let layer = box.querySelector(".pc-labels");
+  if (!layer) {
+    layer = document.createElement("div");
+    layer.className = "pc-labels";
+    box.appendChild(layer);
+  }
+  layer.style.height = `${top - 6}px`;
+  const labels = axes.map((a) => {
+    const label = document.createElement("span");
+    label.className = "pc-label mono";
+    label.title = a.label;
+    label.dataset.axis = a.label;
+    // A break opportunity after every dot and underscore: `training.` / `learning_rate`.
+    a.label.split(/(?<=[._])/).forEach((part, i) => {
+      if (i) label.appendChild(document.createElement("wbr"));
+      label.appendChild(document.createTextNode(part));
+    });
+    const left = Math.max(0, Math.min(box.clientWidth - width, a.x - width / 2));
+    label.style.left = `${left}px`;
+    label.style.width = `${width}px`;
+    return label;
+  });
+  layer.replaceChildren(...labels);
+}
+
 function clip(ctx, text, width) {
   if (ctx.measureText(text).width <= width) return text;
   let t = text;
@@ -215,14 +273,20 @@ function clip(ctx, text, width) {
   return `…${t}`;
 }
 
-function paintParallel({ ctx, w, h }, { d, params }, colors) {
+function paintParallel({ ctx, w, h }, { d, params }, colors, box) {
   const trials = d.trials.filter((t) => finite(objective(t))).map((t) => ({ ...t, value: objective(t) }));
-  if (!trials.length || !params.length) { note(ctx, w, h, "No trial has an objective yet", colors); return 0; }
+  if (!trials.length || !params.length) {
+    box.querySelector(".pc-labels")?.replaceChildren();
+    note(ctx, w, h, "No trial has an objective yet", colors);
+    return 0;
+  }
   const axes = params.map((k) => ({ label: k, get: (t) => t.params?.[k], ...axisOf(k, trials.map((t) => t.params?.[k]), d.spec) }));
   axes.push({ label: `${d.metric} (${d.goal})`, get: (t) => t.value, ...objectiveAxis(trials.map((t) => t.value)) });
-  const top = 28, bottom = h - 14, left = 56, right = w - 56;
+  // Room above the axes for names of two lines.
+  const top = 44, bottom = h - 14, left = 56, right = w - 56;
   const gap = axes.length > 1 ? (right - left) / (axes.length - 1) : 0;
   axes.forEach((a, i) => { a.x = axes.length > 1 ? left + i * gap : (left + right) / 2; a.scale = new Scale(a.d0, a.d1, bottom, top); });
+  axisLabels(box, axes, Math.max(60, Math.min(gap - 8, 220)), top);
   const values = trials.map((t) => t.value);
   const lo = Math.min(...values), hi = Math.max(...values);
   // Worst first, so the best lines lie on top.
@@ -248,16 +312,12 @@ function paintParallel({ ctx, w, h }, { d, params }, colors) {
   }
   ctx.setLineDash([]);
   ctx.globalAlpha = 1;
-  // Axes over the lines: a rule, the name above, tick labels beside.
+  // Axes over the lines: a rule and tick labels beside (the names are `axisLabels`).
   ctx.font = FONT;
   for (const a of axes) {
     ctx.strokeStyle = colors.text;
     ctx.lineWidth = 1;
     ctx.beginPath(); ctx.moveTo(Math.round(a.x) + 0.5, top); ctx.lineTo(Math.round(a.x) + 0.5, bottom); ctx.stroke();
-    ctx.fillStyle = colors.fg;
-    ctx.textAlign = "center";
-    ctx.textBaseline = "bottom";
-    ctx.fillText(clip(ctx, a.label, Math.max(60, gap - 8)), a.x, top - 8);
     const { ticks, labels } = ticksOf(a, 5);
     ctx.fillStyle = colors.text;
     ctx.textAlign = "right";

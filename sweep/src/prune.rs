@@ -178,9 +178,11 @@ fn judge_asha(spec: &SweepSpec, trials: &mut [Trial], index: usize) -> Verdict {
         // Rank counts only strictly better values, so ties keep going.
         let better = others.iter().filter(|&&o| sign * o < sign * mine).count();
         if better >= keep {
+            // The reason starts with the step the trial reached, the step a trials table shows
+            // beside it, then the rung it was judged at (earlier when it reported past it).
             return Verdict::Prune {
                 reason: format!(
-                    "at step {step} (rung {k}) its {} of {mine} ranks {} of {n} trials there; only the best {keep} continue",
+                    "pruned at step {last}: its {} of {mine} at step {step} (rung {k}) ranks {} of {n} trials there; only the best {keep} continue",
                     spec.metric.name,
                     better + 1
                 ),
@@ -230,7 +232,7 @@ fn judge_median(
     match median(&mut others) {
         Some(m) if best > m => Verdict::Prune {
             reason: format!(
-                "at step {step} its best {} so far, {}, is worse than the median {} of {n} other trials there",
+                "pruned at step {step}: its best {} so far, {}, is worse than the median {} of {n} other trials there",
                 spec.metric.name,
                 sign * best,
                 sign * m

@@ -119,6 +119,15 @@ fn a_report_that_jumps_past_several_rungs_is_judged_at_each_lowest_first() {
     let v = arrive(&spec, &mut trials, &[(35, 2.5)]);
     assert!(pruned(&v));
     assert!(trials[4].rungs.contains_key(&0) && !trials[4].rungs.contains_key(&1));
+    // Its reason names the step it reached first (what a trials table shows beside it), then
+    // the rung it was judged at.
+    let Verdict::Prune { reason } = &v else {
+        panic!("expected a prune, got {v:?}")
+    };
+    assert!(
+        reason.starts_with("pruned at step 35:") && reason.contains("at step 10 (rung 0)"),
+        "{reason}"
+    );
 }
 
 #[test]

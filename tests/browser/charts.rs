@@ -17,6 +17,7 @@ const CARDS: &str = r#"
         const box = c.querySelector('.chart-box');
         return {
           group: c.dataset.group,
+          section: c.closest('.chart-section').dataset.section,
           title: c.querySelector('.chart-title').textContent,
           keys: box.dataset.keys,
           xUnit: box.dataset.xUnit,
@@ -27,6 +28,8 @@ const CARDS: &str = r#"
       heatmaps: [...document.querySelectorAll('#heatmaps .heat-box')].map((h) => ({
         layer: h.dataset.layer, keys: h.dataset.keys,
       })),
+      headings: [...document.querySelectorAll('#charts .chart-section')].filter((s) => !s.hidden)
+        .map((s) => s.querySelector('.chart-section-title').textContent),
       heatmapsShown: !document.getElementById('moe-section').hidden,
       empty: !!document.getElementById('charts-empty'),
     };
@@ -153,6 +156,23 @@ async fn a_run_page_opened_before_its_first_metric_draws_every_new_key_live_grou
     assert_eq!(
         titles,
         ["Loss", "Learning rate", "aux_loss", "sys/rss_mb"],
+        "{live}"
+    );
+    // Under their headings, the empty ones not shown.
+    assert_eq!(
+        live["headings"],
+        json!(["Training", "Mixture of experts", "System"]),
+        "{live}"
+    );
+    let sections: Vec<&str> = live["charts"]
+        .as_array()
+        .expect("charts")
+        .iter()
+        .filter_map(|c| c["section"].as_str())
+        .collect();
+    assert_eq!(
+        sections,
+        ["training", "training", "moe", "system"],
         "{live}"
     );
     assert_eq!(

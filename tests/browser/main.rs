@@ -21,6 +21,7 @@ mod resume;
 mod run_page;
 mod runs_table;
 mod smaller;
+mod sweep_controls;
 mod sweeps;
 mod teams;
 

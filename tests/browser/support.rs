@@ -150,6 +150,16 @@ fn free_port() -> u16 {
 }
 
 pub async fn browser() -> Browser {
+    browser_with(json!({})).await
+}
+
+/// Chromium with JavaScript off, as a person who turned it off browses: pages render, forms
+/// post, no page script runs (WebDriver's own commands still work).
+pub async fn browser_without_javascript() -> Browser {
+    browser_with(json!({"profile.managed_default_content_settings.javascript": 2})).await
+}
+
+async fn browser_with(prefs: Value) -> Browser {
     let driver_bin = find_binary(&["chromedriver"]).unwrap_or_else(|| {
         panic!("chromedriver not found on PATH: install the Debian packages `chromium chromium-driver`")
     });
@@ -173,7 +183,8 @@ pub async fn browser() -> Browser {
                 "--disable-quic", "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--window-size=1440,1000",
                 format!("--user-data-dir={}", profile.path().display()),
-            ]
+            ],
+            "prefs": prefs,
         }
     });
     let caps = match caps {

@@ -29,7 +29,7 @@ parallel: 3
 seed: 3
 ";
 
-async fn sweep(app: &TestApp, id: &str) -> Value {
+pub(crate) async fn sweep(app: &TestApp, id: &str) -> Value {
     let res = app
         .http
         .get(app.url(&format!("/api/v1/sweeps/{id}")))
@@ -41,7 +41,7 @@ async fn sweep(app: &TestApp, id: &str) -> Value {
 }
 
 /// The sweep once `done` says so, read from the API (the test's own view, not the page's).
-async fn sweep_when(app: &TestApp, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn sweep_when(app: &TestApp, id: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
         let s = sweep(app, id).await;
@@ -63,7 +63,7 @@ async fn set_textarea(b: &Browser, id: &str, text: &str) {
         .expect("set textarea");
 }
 
-async fn click(b: &Browser, css: &str) {
+pub(crate) async fn click(b: &Browser, css: &str) {
     b.client
         .find(Locator::Css(css))
         .await
@@ -265,8 +265,16 @@ async fn a_sweep_from_the_form_fills_its_page_live_and_the_stop_button_ends_it()
         .await;
     let row = row.as_str().unwrap_or_default();
     assert!(
-        row.contains("live-sweep") && row.contains("stopped") && row.contains("3 / 3"),
+        row.contains("live-sweep") && row.contains("stopped"),
         "{row}"
+    );
+    // The count reads as a sentence, not `3 / 3 of 3`.
+    assert_eq!(
+        b.eval(&format!(
+            "return document.querySelector(\"tr[data-sweep-row='{id}'] [data-col=trials]\").textContent.trim()"
+        ))
+        .await,
+        json!("3 of 3 ended")
     );
     b.screenshot("sweeps").await;
     b.close().await;

@@ -30,11 +30,11 @@ async fn the_chart_layout_groups_a_runs_keys_as_its_page_does() {
         layout["charts"],
         json!([
             {"id": "0:loss", "title": "Loss", "keys": ["train/loss", "val/loss"], "total_keys": 2,
-             "x_unit": "step"},
+             "x_unit": "step", "section": "training"},
             {"id": "1:lr", "title": "Learning rate", "keys": ["train/lr"], "total_keys": 1,
-             "x_unit": "step"},
+             "x_unit": "step", "section": "training"},
             {"id": "9:sys/rss_mb", "title": "sys/rss_mb", "keys": ["sys/rss_mb"], "total_keys": 1,
-             "x_unit": "seconds"},
+             "x_unit": "seconds", "section": "system"},
         ])
     );
     assert_eq!(

@@ -243,6 +243,18 @@ pub(super) const RULES: &[(Method, &str, Rule)] = &[
     (Method::GET, "/sweeps/new", Rule::SignedIn),
     (Method::POST, "/sweeps/new", Rule::SignedIn),
     (Method::GET, "/sweeps/{id}", Rule::Sweep(Level::Read)),
+    (Method::POST, "/sweeps/{id}/pause", Rule::Sweep(Level::Edit)),
+    (
+        Method::POST,
+        "/sweeps/{id}/resume",
+        Rule::Sweep(Level::Edit),
+    ),
+    (Method::POST, "/sweeps/{id}/stop", Rule::Sweep(Level::Edit)),
+    (
+        Method::POST,
+        "/sweeps/{id}/change",
+        Rule::Sweep(Level::Edit),
+    ),
     (Method::GET, "/launch", Rule::SignedIn),
     (Method::POST, "/launch", Rule::SignedIn),
     (Method::GET, "/account", Rule::SignedIn),

@@ -17,6 +17,7 @@ pub mod models;
 pub mod next;
 pub mod run;
 pub mod runs;
+mod sweep_actions;
 mod sweep_around;
 pub mod sweeps;
 pub mod views;
@@ -150,6 +151,10 @@ pub fn router() -> Router<AppState> {
             get(sweeps::new_sweep_form).post(sweeps::submit_sweep),
         )
         .route("/sweeps/{id}", get(sweeps::sweep_page))
+        .route("/sweeps/{id}/pause", post(sweep_actions::pause))
+        .route("/sweeps/{id}/resume", post(sweep_actions::resume))
+        .route("/sweeps/{id}/stop", post(sweep_actions::stop))
+        .route("/sweeps/{id}/change", post(sweep_actions::change_sweep))
         .route(
             "/sign-in",
             get(account::sign_in_form).post(account::sign_in),

@@ -53,8 +53,8 @@ pub(super) async fn run_page(
     let charts = layout
         .charts
         .into_iter()
-        .map(|group| (group.title, group.keys))
-        .map(|(title, keys)| ChartCard {
+        .map(|group| (group.title, group.keys, group.section))
+        .map(|(title, keys, section)| ChartCard {
             latest: keys
                 .first()
                 .and_then(|k| run.latest_metrics.get(k))
@@ -67,6 +67,7 @@ pub(super) async fn run_page(
             ),
             keys_csv: keys.join(","),
             title,
+            section,
         })
         .collect();
     let checkpoints = super::checkpoints::rows(&state, &run.id).await;

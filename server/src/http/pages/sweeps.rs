@@ -104,6 +104,19 @@ pub struct SweepPage {
     pub trials: Vec<TrialLine>,
     /// Pause, resume, stop and change need EDIT on the sweep's experiment.
     pub can_edit: bool,
+    /// Why the last pause, resume or stop was refused (the page answered without JavaScript).
+    pub action_error: String,
+    pub change: ChangeForm,
+}
+
+/// The change form as shown: the sweep's values, or after a refusal what was typed, with the
+/// refusal and the field it names.
+#[derive(Debug, Clone, Default)]
+pub struct ChangeForm {
+    pub max_trials: String,
+    pub parallel: String,
+    pub error: String,
+    pub field: String,
 }
 
 impl SweepPage {
@@ -220,13 +233,22 @@ pub(super) async fn sweep_page(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> PageResult {
-    let d = view::detail(&state, &id).await?;
+    html(sweep_view(&state, &principal, &id).await?)
+}
+
+/// The sweep page as `principal` sees it now (the page's controls answer a refusal with it).
+pub(super) async fn sweep_view(
+    state: &AppState,
+    principal: &Principal,
+    id: &str,
+) -> Result<SweepPage, PageError> {
+    let d = view::detail(state, id).await?;
     // The actions offered are those the access check would let through (in the shared
     // experiment, others' sweeps are read-only).
     let level = match principal.may_write() {
         true => {
-            let row = state.store.get_sweep(&id).await?;
-            crate::access::level_on_sweep(&state, &principal, &row).await?
+            let row = state.store.get_sweep(id).await?;
+            crate::access::level_on_sweep(state, principal, &row).await?
         }
         false => Level::Read,
     };
@@ -271,7 +293,7 @@ pub(super) async fn sweep_page(
         })
         .collect();
     let s = d.summary;
-    html(SweepPage {
+    Ok(SweepPage {
         nav: "sweeps",
         state: s.state.as_str(),
         message: s.message.unwrap_or_default(),
@@ -282,6 +304,12 @@ pub(super) async fn sweep_page(
             value: fmt_value(b.value),
         }),
         can_edit: level >= Level::Edit,
+        action_error: String::new(),
+        change: ChangeForm {
+            max_trials: s.max_trials.to_string(),
+            parallel: s.parallel.to_string(),
+            ..ChangeForm::default()
+        },
         id: s.id,
         name: s.name,
         experiment_id: s.experiment_id,

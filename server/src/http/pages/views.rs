@@ -130,6 +130,8 @@ pub struct ChartCard {
     pub keys_csv: String,
     pub latest: String,
     pub svg_href: String,
+    /// The heading it is shown under (`layout::Section`).
+    pub section: layout::Section,
 }
 
 impl ChartCard {
@@ -196,6 +198,17 @@ pub struct PanelRun {
     pub parameters: Option<String>,
     pub export_href: Option<String>,
     pub export_unavailable: Option<String>,
+}
+
+impl RunPage {
+    /// The chart headings, in order, with the cards under each (an empty one is rendered
+    /// hidden, for cards that appear live).
+    pub fn chart_sections(&self) -> Vec<(layout::Section, Vec<&ChartCard>)> {
+        layout::Section::ALL
+            .iter()
+            .map(|&s| (s, self.charts.iter().filter(|c| c.section == s).collect()))
+            .collect()
+    }
 }
 
 #[derive(Template)]

@@ -53,6 +53,63 @@ pub const MAX_HEATMAP_EXPERTS: u32 = 256;
 pub const DEFAULT_CHART_PAGE: usize = 24;
 pub const MAX_CHART_PAGE: usize = 100;
 
+/// The heading a chart is shown under on the run page, in page order: training first (loss,
+/// learning rate, gradient norm, throughput, the rest), then evaluation, MoE and system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Section {
+    Training,
+    /// Charts of validation or evaluation keys only (`val/ppl`); `val/loss` shares the Loss
+    /// chart with `train/loss`.
+    Evaluation,
+    /// MoE's own series (aux and z losses, drops); the heatmaps follow them.
+    Moe,
+    /// `sys/...`: memory, CPU, GPUs of the run's processes.
+    System,
+}
+
+impl Section {
+    pub const ALL: [Section; 4] = [
+        Section::Training,
+        Section::Evaluation,
+        Section::Moe,
+        Section::System,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Section::Training => "training",
+            Section::Evaluation => "evaluation",
+            Section::Moe => "moe",
+            Section::System => "system",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Section::Training => "Training",
+            Section::Evaluation => "Evaluation",
+            Section::Moe => "Mixture of experts",
+            Section::System => "System",
+        }
+    }
+
+    /// The section of a chart of `rank` (see `group_of`) showing `keys`.
+    fn of(rank: u8, keys: &[String]) -> Section {
+        let evaluation = |k: &String| {
+            ["val/", "eval/", "test/"]
+                .iter()
+                .any(|prefix| k.starts_with(prefix))
+        };
+        match rank {
+            7 => Section::Moe,
+            9 => Section::System,
+            _ if keys.iter().all(evaluation) => Section::Evaluation,
+            _ => Section::Training,
+        }
+    }
+}
+
 /// One chart card: the keys it overlays, in colour order.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ChartGroup {
@@ -64,6 +121,9 @@ pub struct ChartGroup {
     /// How many keys the run has for this chart (more than `keys` when they were cut).
     pub total_keys: usize,
     pub x_unit: XUnit,
+    /// The heading it is shown under (a chart of `val/` keys moves to Training if a `train/`
+    /// key joins it).
+    pub section: Section,
 }
 
 /// One expert-utilisation heatmap: a MoE layer's expert keys, in expert order.
@@ -190,6 +250,7 @@ pub fn chart_groups(keys: &[String]) -> Vec<ChartGroup> {
                 id: format!("{rank}:{group}"),
                 title: chart_title(&group),
                 x_unit: XUnit::of(&ks[0]),
+                section: Section::of(rank, &ks),
                 keys: ks,
                 total_keys,
             }
@@ -367,6 +428,32 @@ mod tests {
         assert_eq!(group_id("moe/layer0/expert1"), None);
         assert_eq!(after[0].title, "Loss", "the main loss chart comes first");
         assert!(after.iter().any(|g| g.keys == keys(&["moe/aux_loss"])));
+    }
+
+    #[test]
+    fn charts_fall_under_training_evaluation_moe_and_system_headings() {
+        let groups = chart_groups(&keys(&[
+            "train/loss",
+            "val/loss",
+            "val/ppl",
+            "train/lr",
+            "moe/aux_loss",
+            "sys/rss_mb",
+        ]));
+        let sections: Vec<(&str, Section)> = groups
+            .iter()
+            .map(|g| (g.title.as_str(), g.section))
+            .collect();
+        assert_eq!(
+            sections,
+            [
+                ("Loss", Section::Training),
+                ("Learning rate", Section::Training),
+                ("ppl", Section::Evaluation),
+                ("aux_loss", Section::Moe),
+                ("sys/rss_mb", Section::System),
+            ]
+        );
     }
 
     #[test]
