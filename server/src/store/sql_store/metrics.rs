@@ -15,6 +15,11 @@ use crate::store::{
 /// Steps per `IN` list when looking up stored points.
 const CHUNK: usize = 500;
 
+/// A point's value: NaN is stored as NULL (`migrations/*/20270310000000_nan_points.sql`).
+pub fn point_value(r: &Row, i: usize) -> Result<f64, sqlx::Error> {
+    Ok(r.get::<Option<f64>>(i)?.unwrap_or(f64::NAN))
+}
+
 /// The series ids of a run's `keys`, creating the missing series (in a write transaction).
 pub async fn series_for(tx: &mut Conn, run_id: &str, keys: &[String]) -> StoreResult<SeriesMap> {
     let mut select =
@@ -59,7 +64,7 @@ pub async fn stored_values(
                     .bind(sid);
             select.tuple(chunk.iter().copied());
             for row in tx.fetch_all(select).await? {
-                values.insert((sid, row.get(0)?), row.get(1)?);
+                values.insert((sid, row.get(0)?), point_value(&row, 1)?);
             }
         }
     }
@@ -201,7 +206,7 @@ impl SeriesSource for SqlSeries<'_> {
             .map(|r| {
                 Ok(SeriesPoint {
                     step: r.get(0)?,
-                    value: r.get(1)?,
+                    value: point_value(r, 1)?,
                     time: r.get(2)?,
                 })
             })
@@ -244,6 +249,30 @@ impl SeriesSource for SqlSeries<'_> {
         }
         Ok(ends[0].zip(ends[1]))
     }
+
+    async fn nan_points(&self, from: i64, to: i64, limit: usize) -> StoreResult<Vec<SeriesPoint>> {
+        // The partial index on (series_id, step) WHERE value IS NULL holds only these.
+        let select = Sql::new(
+            "SELECT step, time FROM metric_points WHERE series_id = $1 AND step >= $2 \
+             AND step <= $3 AND value IS NULL ORDER BY step LIMIT $4",
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .store
+            .reader()
+            .await?
+            .fetch_all(select.bind(self.series_id).bind(from).bind(to).bind(limit))
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SeriesPoint {
+                    step: r.get(0)?,
+                    value: f64::NAN,
+                    time: r.get(1)?,
+                })
+            })
+            .collect()
+    }
 }
 
 impl SqlStore {
@@ -257,7 +286,8 @@ impl SqlStore {
         }
         let mut select = Sql::new(
             "SELECT s.run_id, s.key, MIN(p.value), MAX(p.value) FROM metric_series s \
-             JOIN metric_points p ON p.series_id = s.id WHERE s.run_id IN ",
+             JOIN metric_points p ON p.series_id = s.id \
+             WHERE p.value IS NOT NULL AND s.run_id IN ",
         );
         select.tuple(run_ids);
         select.push(" AND s.key IN ");
@@ -289,7 +319,12 @@ impl SqlStore {
                 key: r.get(0)?,
                 count: r.get(1)?,
                 last_step: r.get(2)?,
-                last_value: r.get(3)?,
+                // A series of NaN points only has no finite latest value.
+                last_value: if r.get::<i64>(2)? < 0 {
+                    f64::NAN
+                } else {
+                    r.get(3)?
+                },
             })
         };
         Ok(rows.iter().map(key).collect::<Result<_, _>>()?)
@@ -364,7 +399,7 @@ impl SqlStore {
                 out.push(StoredPoint {
                     key: keys.get(&sid).cloned().unwrap_or_default(),
                     step: r.get(1)?,
-                    value: r.get(2)?,
+                    value: point_value(&r, 2)?,
                     time: r.get(3)?,
                     seq: r.get(4)?,
                 });
@@ -408,7 +443,7 @@ impl SqlStore {
             .map(|r| {
                 Ok(SeriesPoint {
                     step: r.get(0)?,
-                    value: r.get(1)?,
+                    value: point_value(r, 1)?,
                     time: r.get(2)?,
                 })
             })
