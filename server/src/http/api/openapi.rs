@@ -72,6 +72,8 @@ use crate::app::AppState;
         super::models::set_alias,
         super::models::delete_alias,
         super::models::register_checkpoint,
+        super::model_files::download_version,
+        super::model_files::export_version,
         openapi_json,
     ),
     components(schemas(ServerSentEventDoc)),

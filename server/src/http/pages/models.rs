@@ -47,6 +47,9 @@ pub struct VersionView {
     pub description: String,
     /// The launch form with `training.init_from` set to this version (a checkpoint only).
     pub launch_href: String,
+    /// The checkpoint as a tar archive, and as a Hugging Face directory (a checkpoint only).
+    pub archive_href: String,
+    pub hf_href: String,
 }
 
 pub struct AliasView {
@@ -144,7 +147,18 @@ pub async fn model_page(
         .into_iter()
         .map(|v| {
             let checkpoint = v.source.starts_with("checkpoint:");
+            let files = format!("/api/v1/models/{}/versions/{}", enc(&v.model), v.version);
             VersionView {
+                archive_href: if checkpoint {
+                    format!("{files}/archive")
+                } else {
+                    String::new()
+                },
+                hf_href: if checkpoint {
+                    format!("{files}/export/hf")
+                } else {
+                    String::new()
+                },
                 launch_href: if checkpoint {
                     launch_href(&format!("model:{}/{}", v.model, v.version))
                 } else {
