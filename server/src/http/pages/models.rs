@@ -73,12 +73,10 @@ pub struct ModelPage {
     pub alias_action: String,
 }
 
-/// The launch form preset to start from `reference` (`model:NAME@ALIAS`).
+/// The launch form of a LoRA fine-tune that starts from `reference` (`NAME@ALIAS` or
+/// `NAME/VERSION`): the checkpoint's training keys, `training.init_from: model:<reference>`.
 fn launch_href(reference: &str) -> String {
-    format!(
-        "/launch?overrides={}",
-        enc(&format!("training.init_from={reference}"))
-    )
+    format!("/launch?model={}", enc(reference))
 }
 
 async fn experiment_name(state: &AppState, id: &str) -> String {
@@ -160,7 +158,7 @@ pub async fn model_page(
                     String::new()
                 },
                 launch_href: if checkpoint {
-                    launch_href(&format!("model:{}/{}", v.model, v.version))
+                    launch_href(&format!("{}/{}", v.model, v.version))
                 } else {
                     String::new()
                 },
@@ -183,7 +181,7 @@ pub async fn model_page(
         .aliases
         .iter()
         .map(|(alias, version)| AliasView {
-            launch_href: launch_href(&format!("model:{}@{alias}", model.name)),
+            launch_href: launch_href(&format!("{}@{alias}", model.name)),
             alias: alias.clone(),
             version: *version,
         })
