@@ -4,11 +4,11 @@
 // (server-sent points into charts). Each frame draws at most ~2 points (min and max) per pixel
 // column, so drawing cost depends on the canvas width, not on the series length.
 
-import { Series, lowerBound, timeOrigin, pointCount, effectiveSmoothing } from "./chart/data.js";
+import { Series, lowerBound, timeOrigin, pointCount, effectiveSmoothing, nanSteps } from "./chart/data.js";
 import { Scale, extent, valueTransform, valueTicks, xTicks, formatValue } from "./chart/scales.js";
 import {
   PAD, PALETTE, colorFor, cssVar, prepareCanvas, leftPad, drawAxes, clipTo, drawLine, drawMarker,
-  drawSelection, drawCursor,
+  drawNanMarks, drawSelection, drawCursor,
 } from "./chart/draw.js";
 import { bindPointer } from "./chart/interact.js";
 
@@ -115,13 +115,17 @@ export class LineChart {
     });
 
     const unclip = clipTo(ctx, area);
+    const pieces = [];
+    const danger = cssVar(this.box, "--danger", "#c93838");
     for (const s of this.series) {
-      if (!s.n) continue;
+      if (!s.n) { pieces.push(0); continue; }
       const weight = this.smoothingOf(s);
       // With smoothing on, the raw line stays as a faint trace under the smoothed one.
       ctx.globalAlpha = weight > 0 ? 0.25 : 1;
       ctx.lineWidth = 1.25;
-      this.paintSeries(ctx, s, s.values);
+      pieces.push(this.paintSeries(ctx, s, s.values));
+      ctx.globalAlpha = 1;
+      this.paintNanMarks(ctx, s, danger);
       if (weight > 0) {
         ctx.globalAlpha = 1;
         ctx.lineWidth = 1.75;
@@ -130,6 +134,11 @@ export class LineChart {
     }
     unclip();
     ctx.globalAlpha = 1;
+    // The gaps NaN points leave, for tests: each series' line pieces and NaN steps.
+    Object.assign(this.box.dataset, {
+      linePieces: JSON.stringify(pieces),
+      nanSteps: JSON.stringify(this.series.map(nanSteps)),
+    });
 
     if (this.drag && this.drag.x1 !== undefined) drawSelection(ctx, area, this.drag.x0, this.drag.x1);
     if (this.hover) drawCursor(ctx, area, this.hover.px, colors.text);
@@ -141,11 +150,27 @@ export class LineChart {
   paintSeries(ctx, s, ys) {
     const { x, y, origin, transform } = this.frame;
     const xs = s.xs(this.xAxis);
-    const i0 = Math.max(0, lowerBound(xs, s.n, x.d0 + origin) - 1);
-    const i1 = Math.min(s.n, lowerBound(xs, s.n, x.d1 + origin + 1e-9) + 1);
-    drawLine(ctx, { xs, ys, i0, i1, origin, transform }, x, y, s.color);
+    const [i0, i1] = this.visible(s, xs);
+    const pieces = drawLine(ctx, { xs, ys, i0, i1, origin, transform }, x, y, s.color);
     const lone = transform.forward(ys[0]);
     if (s.n === 1 && Number.isFinite(lone)) drawMarker(ctx, x.map(xs[0] - origin), y.map(lone), s.color);
+    return pieces;
+  }
+
+  /** The index range of series `s` over the frame's x range, one point beyond each edge. */
+  visible(s, xs) {
+    const { x, origin } = this.frame;
+    const i0 = Math.max(0, lowerBound(xs, s.n, x.d0 + origin) - 1);
+    const i1 = Math.min(s.n, lowerBound(xs, s.n, x.d1 + origin + 1e-9) + 1);
+    return [i0, i1];
+  }
+
+  /** Marks the series' NaN points on the x axis (each is a gap in its line). */
+  paintNanMarks(ctx, s, color) {
+    const { x, area, origin } = this.frame;
+    const xs = s.xs(this.xAxis);
+    const [i0, i1] = this.visible(s, xs);
+    drawNanMarks(ctx, { xs, ys: s.values, i0, i1, origin }, x, area, color);
   }
 
   /** Zooms to an x range and asks the owner for detail in that step range. */

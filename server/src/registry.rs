@@ -170,6 +170,41 @@ pub fn download_uri(source: &Source, experiment_id: &str) -> Option<String> {
     }
 }
 
+/// The checkpoint directory version `version` of `model` points at, with the version: found
+/// among the checkpoints the run lists (`checkpoints::find`), so what a stored source names
+/// never reaches the file system unchecked and the path stays inside the run's directory.
+/// `data_dir` is the server's data root. A version of MLflow artifacts, or one whose checkpoint
+/// is gone, is `NotFound` in words that say which.
+pub async fn version_checkpoint(
+    store: &DynStore,
+    model: &str,
+    version: i64,
+    data_dir: &Path,
+) -> Result<(VersionRow, std::path::PathBuf), RegistryError> {
+    let row = store.get_version(model, version).await?;
+    let source = parse_source("source", &row.source)?;
+    let (Source::Checkpoint { name }, Some(run_id)) = (&source, row.run_id.as_deref()) else {
+        return Err(RegistryError::NotFound(format!(
+            "version {version} of model `{model}` is {}, not a checkpoint: download MLflow \
+             artifacts with mlflow (models:/{model}/{version})",
+            row.source
+        )));
+    };
+    let dir = crate::launcher::run_dir(data_dir, run_id);
+    let wanted = name.clone();
+    let found = tokio::task::spawn_blocking(move || crate::checkpoints::find(&dir, &wanted))
+        .await
+        .ok()
+        .flatten();
+    match found {
+        Some((_, path)) => Ok((row, path)),
+        None => Err(RegistryError::NotFound(format!(
+            "version {version} of model `{model}`: checkpoint `{name}` of run `{run_id}` is no \
+             longer on this server"
+        ))),
+    }
+}
+
 /// Which version of a model a reference picks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pick {

@@ -23,7 +23,9 @@ pub struct SearchParams {
     pub status: Option<String>,
     /// `key` (tag present) or `key=value`.
     pub tag: Option<String>,
-    /// Filter, e.g. `metrics.val/loss < 2.5 and params.training.learning_rate = 0.001`.
+    /// Filter, e.g. `metrics.val/loss < 2.5 and params.training.learning_rate = 0.001`. A
+    /// metric compares its latest finite value; `metrics.train/loss IS NAN` finds runs that
+    /// logged a NaN point of the key (`IS NOT NAN`: they have the key and no NaN point).
     pub q: Option<String>,
     /// `created_at`, `name`, `status`, `params.<key>` or `metrics.<key>`; prefix `-` for
     /// descending (`+` or nothing for ascending). Default `-created_at`.

@@ -12,7 +12,10 @@ export function lowerBound(arr, n, x) {
   return lo;
 }
 
-/** A growable, step-sorted series in typed arrays. */
+/** A point's value: the API writes a NaN as null (a typed array would make null 0). */
+const valueOf = (v) => (v === null || v === undefined ? NaN : v);
+
+/** A growable, step-sorted series in typed arrays; a NaN value is a gap in the line. */
 export class Series {
   constructor(label, color) {
     this.label = label;
@@ -41,7 +44,7 @@ export class Series {
     this.grow(points.length);
     for (const p of points) {
       this.steps[this.n] = p.step;
-      this.values[this.n] = p.value;
+      this.values[this.n] = valueOf(p.value);
       this.times[this.n] = p.time ?? 0;
       this.n++;
     }
@@ -49,8 +52,9 @@ export class Series {
   }
 
   /** Appends one point; a step already present is ignored (writes are first-wins). */
-  append(step, value, time) {
+  append(step, raw, time) {
     const n = this.n;
+    const value = valueOf(raw);
     if (n > 0 && step <= this.steps[n - 1]) {
       const i = lowerBound(this.steps, n, step);
       if (i < n && this.steps[i] === step) return false;
@@ -103,6 +107,8 @@ export class Series {
     }
     for (let i = s.upTo; i < this.n; i++) {
       const v = this.values[i];
+      // A NaN stays a gap in the smoothed line too, and does not enter the average.
+      if (Number.isNaN(v)) { s.values[i] = NaN; continue; }
       if (!Number.isFinite(v)) { s.values[i] = s.norm > 0 ? s.acc / s.norm : v; continue; }
       const gap = i === 0 ? 1 : Math.max(this.steps[i] - this.steps[i - 1], 0) / s.gap;
       const decay = Math.pow(s.weight, gap);
@@ -142,6 +148,13 @@ export function timeOrigin(series) {
   let t = Infinity;
   for (const s of series) if (s.n) t = Math.min(t, s.times[0]);
   return Number.isFinite(t) ? t : 0;
+}
+
+/** The steps of a series' NaN points (its gaps). */
+export function nanSteps(series) {
+  const out = [];
+  for (let i = 0; i < series.n; i++) if (Number.isNaN(series.values[i])) out.push(series.steps[i]);
+  return out;
 }
 
 /** Total points held by the series. */

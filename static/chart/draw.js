@@ -92,22 +92,29 @@ export function clipTo(ctx, area) {
 }
 
 /**
- * Strokes points i0..i1 of (xs, ys) as one line. Per pixel column it draws the first of the
+ * Strokes points i0..i1 of (xs, ys) as a line. Per pixel column it draws the first of the
  * column's min and max, then the other, in step order: spikes stay visible while the work is
  * bounded by the plot width, not the series length. `origin` is subtracted from x; `transform`
- * maps values onto the y scale's units; non-finite values are skipped.
+ * maps values onto the y scale's units; values it cannot place are skipped, and a NaN value
+ * breaks the line (a gap; `drawNanMarks` marks it). Returns the number of pieces stroked.
  */
 export function drawLine(ctx, { xs, ys, i0, i1, origin, transform }, xScale, yScale, color) {
   ctx.strokeStyle = color;
   ctx.beginPath();
-  let started = false, col = NaN, minV = 0, maxV = 0, minI = 0, maxI = 0;
+  let started = false, col = NaN, minV = 0, maxV = 0, minI = 0, maxI = 0, pieces = 0;
   const flush = () => {
     if (Number.isNaN(col)) return;
     const a = minI < maxI ? minV : maxV, z = minI < maxI ? maxV : minV;
-    if (!started) { ctx.moveTo(col, yScale.map(a)); started = true; } else ctx.lineTo(col, yScale.map(a));
+    if (!started) { ctx.moveTo(col, yScale.map(a)); started = true; pieces++; } else ctx.lineTo(col, yScale.map(a));
     if (z !== a) ctx.lineTo(col, yScale.map(z));
   };
   for (let i = i0; i < i1; i++) {
+    if (Number.isNaN(ys[i])) {
+      flush();
+      started = false;
+      col = NaN;
+      continue;
+    }
     const v = transform.forward(ys[i]);
     if (!Number.isFinite(v)) continue;
     const c = Math.round(xScale.map(xs[i] - origin));
@@ -121,6 +128,22 @@ export function drawLine(ctx, { xs, ys, i0, i1, origin, transform }, xScale, ySc
   }
   flush();
   ctx.stroke();
+  return pieces;
+}
+
+/** A NaN point's mark: a small triangle on the x axis, under the gap it leaves. */
+export function drawNanMarks(ctx, { xs, ys, i0, i1, origin }, xScale, area, color) {
+  ctx.fillStyle = color;
+  for (let i = i0; i < i1; i++) {
+    if (!Number.isNaN(ys[i])) continue;
+    const px = xScale.map(xs[i] - origin);
+    ctx.beginPath();
+    ctx.moveTo(px, area.bottom - 7);
+    ctx.lineTo(px - 4, area.bottom);
+    ctx.lineTo(px + 4, area.bottom);
+    ctx.closePath();
+    ctx.fill();
+  }
 }
 
 /** A filled dot: a lone point, which has no segment to stroke. */

@@ -99,8 +99,11 @@ export class LiveFeed {
   note(key, series) {
     const info = this.reg.charts[key] ?? (this.reg.charts[key] = { points: 0, lastStep: -1, lastValue: null });
     info.points = series.n;
-    if (!series.n) return;
-    const step = series.steps[series.n - 1], value = series.values[series.n - 1];
+    // The latest value is the latest finite one (a NaN is a gap, not a value to show).
+    let last = series.n - 1;
+    while (last >= 0 && Number.isNaN(series.values[last])) last--;
+    if (last < 0) return;
+    const step = series.steps[last], value = series.values[last];
     if (step !== info.lastStep || value !== info.lastValue) {
       info.lastStep = step;
       info.lastValue = value;

@@ -384,3 +384,56 @@ async fn the_canvas_charts_and_the_rendered_charts_label_their_axes_alike() {
     }
     b.close().await;
 }
+
+#[tokio::test]
+async fn a_nan_loss_is_drawn_as_a_marked_gap_live_and_after_a_reload() {
+    let app = spawn_app().await;
+    let id = app
+        .create_run(json!({"experiment": "nan", "name": "diverging"}))
+        .await;
+    let b = browser().await;
+    let page = app.url(&format!("/runs/{id}"));
+    b.client.goto(&page).await.expect("goto");
+    b.wait_for("return document.body.dataset.ready === 'true'", WAIT)
+        .await;
+    b.wait_for(
+        "return document.getElementById('live-state').textContent === 'live'",
+        WAIT,
+    )
+    .await;
+    // The loss goes NaN at step 10 for one step (the API writes a NaN as null).
+    let loss: Vec<Value> = (0..20)
+        .map(|s| {
+            let value = if s == 10 {
+                Value::Null
+            } else {
+                json!(2.0 - s as f64 * 0.05)
+            };
+            json!({"key": "train/loss", "step": s, "value": value})
+        })
+        .collect();
+    app.post_points(&id, Value::Array(loss)).await;
+    let gap = format!(
+        "const b = {}; return !!b && b.dataset.points === '20' && b.dataset.linePieces === '[2]' \
+         && b.dataset.nanSteps === '[[10]]'",
+        box_of("train/loss")
+    );
+    b.wait_for(&gap, WAIT).await;
+    // The value axis spans the finite values only.
+    let range = b
+        .eval(&format!(
+            "return JSON.parse({}.dataset.yRange)",
+            box_of("train/loss")
+        ))
+        .await;
+    let (lo, hi) = (range[0].as_f64(), range[1].as_f64());
+    assert!(
+        lo.is_some_and(|v| v <= 1.05) && hi.is_some_and(|v| v >= 2.0 && v < 10.0),
+        "y range {range}"
+    );
+    // A reload reads the stored NaN back and draws the same gap.
+    b.client.goto(&page).await.expect("reload");
+    b.wait_for("return document.body.dataset.ready === 'true'", WAIT)
+        .await;
+    b.wait_for(&gap, WAIT).await;
+}

@@ -17,6 +17,7 @@ mod finetune;
 mod forms;
 mod guide_options;
 mod mlflow;
+mod models;
 mod resume;
 mod run_page;
 mod runs_table;

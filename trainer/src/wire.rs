@@ -27,11 +27,57 @@ pub struct MetricPoint {
     pub key: String,
     /// Training step (>= 0). Writes are idempotent on (run, key, step): the first value wins.
     pub step: i64,
-    /// Must be finite.
+    /// A finite number, or NaN (a diverged loss): JSON has no NaN, so it travels as `null`
+    /// (the string `"NaN"` is read too). Infinities are refused.
+    #[serde(deserialize_with = "nan_as_null::deserialize")]
     pub value: f64,
     /// Wall-clock time in unix milliseconds; the server fills in its own clock when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<i64>,
+}
+
+/// A metric value in JSON: a number, or `null` for NaN (what `serde_json` writes for a NaN
+/// `f64`), or the string `"NaN"`.
+pub mod nan_as_null {
+    use serde::de::{self, Deserializer, Visitor};
+    use std::fmt;
+
+    struct Value;
+
+    impl<'de> Visitor<'de> for Value {
+        type Value = f64;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a number, or null or \"NaN\" for NaN")
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<f64, E> {
+            Ok(f64::NAN)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<f64, E> {
+            Ok(f64::NAN)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<f64, E> {
+            if v == "NaN" {
+                Ok(f64::NAN)
+            } else {
+                Err(E::invalid_value(de::Unexpected::Str(v), &self))
+            }
+        }
+    }
+
+    /// Reads a value (see the module).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        d.deserialize_any(Value)
+    }
 }
 
 /// Keys of the MoE telemetry metrics. The trainer writes them; the server reads the per-expert
@@ -275,7 +321,28 @@ impl std::fmt::Display for Refusal {
 
 #[cfg(test)]
 mod tests {
-    use super::{moe_keys, Refusal};
+    use super::{moe_keys, MetricPoint, Refusal};
+
+    #[test]
+    fn a_nan_value_travels_as_null_and_reads_back_as_nan() {
+        let nan = MetricPoint {
+            key: "loss".into(),
+            step: 3,
+            value: f64::NAN,
+            time: None,
+        };
+        let text = serde_json::to_string(&nan).unwrap_or_default();
+        assert_eq!(text, r#"{"key":"loss","step":3,"value":null}"#);
+        for body in [text.as_str(), r#"{"key":"loss","step":3,"value":"NaN"}"#] {
+            let back: MetricPoint = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}"));
+            assert!(back.value.is_nan(), "{body}");
+        }
+        let one: Result<MetricPoint, _> = serde_json::from_str(r#"{"key":"a","step":0,"value":2}"#);
+        assert!(matches!(one, Ok(p) if p.value == 2.0));
+        let word: Result<MetricPoint, _> =
+            serde_json::from_str(r#"{"key":"a","step":0,"value":"two"}"#);
+        assert!(word.is_err());
+    }
 
     #[test]
     fn moe_keys_have_the_documented_format_and_expert_keys_parse_back() {

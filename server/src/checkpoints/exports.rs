@@ -158,18 +158,22 @@ impl Exports {
     /// The export of the run in `run_dir` that downloads share: the one being downloaded now,
     /// or a new one written into `<run_dir>/<exports_dir>/hf-<random>`.
     pub fn shared(&self, run_dir: &Path, exports_dir: &str) -> Arc<Export> {
+        self.shared_by(run_dir, &run_dir.join(exports_dir))
+    }
+
+    /// The export that downloads of what `key` names share (a run's directory, or one
+    /// checkpoint's), written into `<exports>/hf-<random>` when it is new.
+    pub fn shared_by(&self, key: &Path, exports: &Path) -> Arc<Export> {
         let mut by_run = self.by_run.lock().unwrap_or_else(|e| e.into_inner());
         by_run.retain(|_, weak| weak.strong_count() > 0);
-        if let Some(export) = by_run.get(run_dir).and_then(Weak::upgrade) {
+        if let Some(export) = by_run.get(key).and_then(Weak::upgrade) {
             return export;
         }
         let export = Arc::new(Export {
-            dir: run_dir
-                .join(exports_dir)
-                .join(format!("hf-{}", uuid::Uuid::new_v4().simple())),
+            dir: exports.join(format!("hf-{}", uuid::Uuid::new_v4().simple())),
             made: tokio::sync::OnceCell::new(),
         });
-        by_run.insert(run_dir.to_path_buf(), Arc::downgrade(&export));
+        by_run.insert(key.to_path_buf(), Arc::downgrade(&export));
         export
     }
 

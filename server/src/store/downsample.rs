@@ -75,12 +75,13 @@ pub struct RollupDelta {
 }
 
 /// Aggregates the newly stored points of one series (step, value, time) into one delta per
-/// touched bucket of every level. Only new points go in, so a retried batch adds nothing.
+/// touched bucket of every level. Only new points go in, so a retried batch adds nothing; NaN
+/// points are no bucket's extreme and are not counted (a read finds them by their own index).
 pub fn rollup_deltas(points: &[(i64, f64, i64)]) -> Vec<RollupDelta> {
     let mut out = Vec::new();
     for level in LEVELS {
         let mut buckets: BTreeMap<i64, Agg> = BTreeMap::new();
-        for &(step, value, time) in points {
+        for &(step, value, time) in points.iter().filter(|p| !p.1.is_nan()) {
             let p = Agg::point(step, value, time);
             buckets
                 .entry(step >> level)
@@ -229,6 +230,30 @@ pub trait SeriesSource: Send + Sync {
     async fn rollups(&self, level: u32, from: i64, to: i64) -> StoreResult<Vec<Agg>>;
     /// The first and last stored steps within `[from, to]`, if any.
     async fn bounds(&self, from: i64, to: i64) -> StoreResult<Option<(i64, i64)>>;
+    /// The NaN points with `from <= step <= to`, in step order, at most `limit`.
+    async fn nan_points(&self, from: i64, to: i64, limit: usize) -> StoreResult<Vec<SeriesPoint>>;
+}
+
+/// Most NaN points a downsampled read adds to its bucket extremes (each is a gap mark).
+pub const MAX_NAN_MARKS: usize = 1_000;
+
+/// Adds the range's NaN points to a downsampled read (the extremes are finite points only),
+/// in step order, each step once.
+async fn with_nan_points(
+    src: &dyn SeriesSource,
+    (lo, hi): (i64, i64),
+    points: Vec<SeriesPoint>,
+) -> StoreResult<(Vec<SeriesPoint>, i64)> {
+    let nans = src.nan_points(lo, hi, MAX_NAN_MARKS).await?;
+    if nans.is_empty() {
+        return Ok((points, 0));
+    }
+    let found = nans.len() as i64;
+    let mut merged: BTreeMap<i64, SeriesPoint> = points.into_iter().map(|p| (p.step, p)).collect();
+    for p in nans {
+        merged.entry(p.step).or_insert(p);
+    }
+    Ok((merged.into_values().collect(), found))
 }
 
 /// Reads `key` (with `count` points in all) over the inclusive step range: every point when
@@ -263,11 +288,16 @@ pub async fn read_series(
         return Ok(all(Vec::new()));
     };
     let read = reduce(src, first, last, max_points, 0).await?;
+    let (points, nans) = if read.downsampled {
+        with_nan_points(src, (first, last), read.points).await?
+    } else {
+        (read.points, 0)
+    };
     Ok(Series {
         key: key.to_string(),
-        total: read.total,
+        total: read.total + nans,
         downsampled: read.downsampled,
-        points: read.points,
+        points,
     })
 }
 
@@ -297,7 +327,12 @@ fn reduce(
             match *source {
                 Source::Raw { from, last } => {
                     let points = src.raw(from, last).await?;
-                    pieces.extend(points.iter().map(|p| Agg::point(p.step, p.value, p.time)));
+                    pieces.extend(
+                        points
+                            .iter()
+                            .filter(|p| !p.value.is_nan())
+                            .map(|p| Agg::point(p.step, p.value, p.time)),
+                    );
                     if plan.sources.len() == 1 {
                         // The range is one raw read: kept, in case it fits whole.
                         whole = Some(points);
@@ -315,7 +350,7 @@ fn reduce(
                 None => src.raw(first, last).await?,
             };
             return Ok(Reduced {
-                total,
+                total: points.len() as i64,
                 downsampled: false,
                 points,
             });
@@ -488,6 +523,54 @@ mod tests {
                 .zip(inside.last())
                 .map(|(a, b)| (a.step, b.step)))
         }
+        async fn nan_points(
+            &self,
+            from: i64,
+            to: i64,
+            limit: usize,
+        ) -> StoreResult<Vec<SeriesPoint>> {
+            let mut out = self.raw(from, to).await?;
+            out.retain(|p| p.value.is_nan());
+            out.truncate(limit);
+            Ok(out)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_downsampled_read_keeps_finite_extremes_and_marks_every_nan() {
+        let mut src = Memory::new(0..20_000);
+        for p in &mut src.points {
+            if p.step % 5_000 == 77 {
+                p.value = f64::NAN;
+            }
+        }
+        let triples: Vec<_> = src
+            .points
+            .iter()
+            .map(|p| (p.step, p.value, p.time))
+            .collect();
+        src.rollups = rollup_deltas(&triples)
+            .into_iter()
+            .map(|d| ((d.level as u32, d.bucket), d.agg))
+            .collect();
+        let s = read_series(&src, "loss", 20_000, None, None, 200)
+            .await
+            .expect("read");
+        assert!(s.downsampled);
+        assert_eq!(s.total, 20_000);
+        let nan_steps: Vec<i64> = s
+            .points
+            .iter()
+            .filter(|p| p.value.is_nan())
+            .map(|p| p.step)
+            .collect();
+        assert_eq!(nan_steps, [77, 5_077, 10_077, 15_077]);
+        assert!(s.points.windows(2).all(|w| w[0].step < w[1].step));
+        let finite = s.points.iter().filter(|p| !p.value.is_nan());
+        let (lo, hi) = finite.fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p.value), hi.max(p.value))
+        });
+        assert_eq!((lo, hi), (0.0, 96.0));
     }
 
     #[tokio::test]

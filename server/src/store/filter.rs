@@ -221,6 +221,11 @@ pub enum Predicate {
     IsNull {
         negated: bool,
     },
+    /// `metrics.<key> IS NAN` (`negated: false`): the run logged a NaN point of the key;
+    /// `IS NOT NAN`: it has the key and none of its points is NaN. Metrics only.
+    IsNan {
+        negated: bool,
+    },
 }
 
 impl Filter {

@@ -150,7 +150,7 @@ pub fn conflicts(
     if !earlier.is_empty() {
         for p in &batch.points {
             let value = kept(p);
-            if value != p.value {
+            if !same_value(value, p.value) {
                 out.push((p.index, conflict(p, value)));
             }
         }
@@ -165,13 +165,18 @@ pub fn conflicts(
             let value = first
                 .get(&(r.key.as_str(), r.step))
                 .map_or(r.value, |p| kept(p));
-            if value != r.value {
+            if !same_value(value, r.value) {
                 out.push((r.index, conflict(r, value)));
             }
         }
         out.sort_by_key(|(i, _)| *i);
     }
     out.into_iter().map(|(_, c)| c).collect()
+}
+
+/// Whether a value sent again is the one stored (a NaN sent again is no conflict).
+fn same_value(stored: f64, sent: f64) -> bool {
+    stored == sent || (stored.is_nan() && sent.is_nan())
 }
 
 /// The batch's points that were inserted, in input order, with their seqs.
@@ -234,11 +239,14 @@ pub fn changes(
     let mut updates = Vec::with_capacity(per_series.len());
     let mut rollups = Vec::new();
     for (sid, points) in per_series {
+        // The latest value is the latest finite one: a NaN point counts, but leaves it as it
+        // was (step -1 never replaces a stored one).
         let last = points
             .iter()
+            .filter(|p| !p.1.is_nan())
             .max_by_key(|p| p.0)
             .copied()
-            .unwrap_or((0, 0.0, 0));
+            .unwrap_or((-1, 0.0, 0));
         updates.push(SeriesUpdate {
             series_id: sid,
             added: points.len() as i64,

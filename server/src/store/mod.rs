@@ -122,6 +122,9 @@ pub struct RunEvent {
 pub struct StoredPoint {
     pub key: String,
     pub step: i64,
+    /// NaN is written as `null` in JSON.
+    #[serde(deserialize_with = "trainer::wire::nan_as_null::deserialize")]
+    #[schema(nullable)]
     pub value: f64,
     pub time: i64,
     /// Monotonic per run (numbered by the run, in commit order); a client that saw `seq = n`
@@ -135,9 +138,11 @@ pub struct StoredPoint {
 pub struct Conflict {
     pub key: String,
     pub step: i64,
-    /// The value the store keeps.
+    /// The value the store keeps (`null`: NaN).
+    #[serde(deserialize_with = "trainer::wire::nan_as_null::deserialize")]
     pub stored_value: f64,
-    /// The value the request sent (ignored).
+    /// The value the request sent (ignored; `null`: NaN).
+    #[serde(deserialize_with = "trainer::wire::nan_as_null::deserialize")]
     pub sent_value: f64,
 }
 
@@ -163,6 +168,9 @@ pub struct Appended {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SeriesPoint {
     pub step: i64,
+    /// NaN is written as `null` in JSON (the chart draws a gap there).
+    #[serde(deserialize_with = "trainer::wire::nan_as_null::deserialize")]
+    #[schema(nullable)]
     pub value: f64,
     pub time: i64,
 }
@@ -181,8 +189,13 @@ pub struct Series {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema, sqlx::FromRow)]
 pub struct MetricKey {
     pub key: String,
+    /// Points stored, NaN ones included.
     pub count: i64,
+    /// Step of the latest finite point; -1 when every point is NaN.
     pub last_step: i64,
+    /// The latest finite value; NaN (`null` in JSON) when every point is NaN.
+    #[serde(deserialize_with = "trainer::wire::nan_as_null::deserialize")]
+    #[schema(nullable)]
     pub last_value: f64,
 }
 

@@ -53,7 +53,8 @@ pub async fn raw_points(
     to: i64,
     limit: i64,
 ) -> StoreResult<Vec<SeriesPoint>> {
-    type Arrays = (Option<Vec<i64>>, Option<Vec<f64>>, Option<Vec<i64>>);
+    // A NaN point's value is NULL (`migrations/postgres/20270310000000_nan_points.sql`).
+    type Arrays = (Option<Vec<i64>>, Option<Vec<Option<f64>>>, Option<Vec<i64>>);
     let (steps, values, times): Arrays = sqlx::query_as(
         "SELECT array_agg(step), array_agg(value), array_agg(time) FROM \
          (SELECT step, value, time FROM metric_points \
@@ -70,7 +71,11 @@ pub async fn raw_points(
         .into_iter()
         .zip(values.unwrap_or_default())
         .zip(times.unwrap_or_default())
-        .map(|((step, value), time)| SeriesPoint { step, value, time })
+        .map(|((step, value), time)| SeriesPoint {
+            step,
+            value: value.unwrap_or(f64::NAN),
+            time,
+        })
         .collect();
     // Aggregates take the rows in the sorted subquery's order; SQL does not promise that,
     // so the order is checked (and restored) here.

@@ -198,7 +198,9 @@ impl<'q> SearchPlan<'q> {
                         out.arg(value);
                     }
                 }
-                out.push(" AND ");
+                // A series of NaN points only has no latest value: its run sorts with those
+                // lacking the key.
+                out.push(" AND sm.last_step >= 0 AND ");
                 order = format!("sm.last_value {dir}, sm.run_id {dir}");
                 if let Some(cur) = cursor {
                     keyset.push(("sm.last_value".into(), Arg::from(cur.n.ok_or_else(bad)?)));
@@ -238,15 +240,16 @@ impl<'q> SearchPlan<'q> {
                 }
             }
             (SortKey::Metric(key) | SortKey::Param(key), _) => {
-                let table = match q.sort {
-                    SortKey::Metric(_) => "metric_series",
-                    _ => "run_params",
+                let (table, valued) = match q.sort {
+                    SortKey::Metric(_) => ("metric_series", " AND k.last_step >= 0"),
+                    _ => ("run_params", ""),
                 };
                 out.push(&format!(
                     " FROM runs r WHERE NOT EXISTS (SELECT 1 FROM {table} k \
                      WHERE k.run_id = r.id AND k.key = "
                 ));
                 out.arg(key.clone());
+                out.push(valued);
                 out.push(") AND ");
                 order = format!("r.id {dir}");
             }

@@ -260,7 +260,8 @@ fn point_inserts<'a>(
                     (first + i as i64).into(),
                     series.id(&p.key).into(),
                     p.step.into(),
-                    p.value.into(),
+                    // NaN is stored as NULL (SQLite would make it NULL anyway, unasked).
+                    (!p.value.is_nan()).then_some(p.value).into(),
                     p.time.into(),
                 ]);
             }

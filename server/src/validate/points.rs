@@ -34,10 +34,11 @@ pub fn check_points(points: &[MetricPoint]) -> Result<(), Invalid> {
                 ),
             ));
         }
-        if !point.value.is_finite() {
+        // NaN is a value a run may report (a diverged loss) and is stored; an infinity is not.
+        if point.value.is_infinite() {
             return Err(invalid(
                 "value",
-                format!("value must be a finite number, got {}", point.value),
+                format!("value must be a finite number or NaN, got {}", point.value),
             ));
         }
         if point.time.is_some_and(|t| t < 0) {
@@ -97,7 +98,6 @@ mod tests {
             (p("loss", -1, 1.0), "points[0].step"),
             (p("loss", MAX_STEP + 1, 1.0), "points[0].step"),
             (p("loss", i64::MAX, 1.0), "points[0].step"),
-            (p("loss", 0, f64::NAN), "points[0].value"),
             (p("loss", 0, f64::INFINITY), "points[0].value"),
             (p("loss", 0, f64::NEG_INFINITY), "points[0].value"),
         ];
@@ -106,6 +106,15 @@ mod tests {
                 Err(Invalid { field, .. }) => assert_eq!(field, expected, "{point:?}"),
                 other => panic!("{point:?} should be invalid, got {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_nan_value_is_accepted_and_an_infinity_is_not() {
+        assert!(check_points(&[p("loss", 0, f64::NAN)]).is_ok());
+        match check_points(&[p("loss", 0, f64::NEG_INFINITY)]) {
+            Err(Invalid { message, .. }) => assert!(message.contains("or NaN"), "{message}"),
+            other => panic!("expected invalid, got {other:?}"),
         }
     }
 
@@ -122,7 +131,7 @@ mod tests {
 
     #[test]
     fn the_error_names_the_index_of_the_bad_point() {
-        let batch = [p("loss", 0, 1.0), p("loss", 1, f64::NAN)];
+        let batch = [p("loss", 0, 1.0), p("loss", 1, f64::INFINITY)];
         match check_points(&batch) {
             Err(Invalid { field, .. }) => assert_eq!(field, "points[1].value"),
             other => panic!("expected invalid, got {other:?}"),

@@ -26,6 +26,7 @@ mod limits;
 mod liveness;
 mod metrics;
 mod mlflow;
+mod model_files;
 mod models;
 mod nul_bodies;
 mod openapi;

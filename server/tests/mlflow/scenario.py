@@ -237,14 +237,25 @@ class Scenario:
     def non_finite_metric_values(self):
         # The client sends these as the JSON strings "NaN", "Infinity" and "-Infinity".
         mlflow.log_metric("odd/nan", float("nan"), step=0, timestamp=BASE_TS)
+        mlflow.log_metric("odd/nan", 1.0, step=1, timestamp=BASE_TS + 1)
+        mlflow.log_metric("odd/nan", float("nan"), step=2, timestamp=BASE_TS + 2)
         mlflow.log_metric("odd/inf", float("inf"), step=0, timestamp=BASE_TS)
         mlflow.log_metric("odd/inf", float("-inf"), step=1, timestamp=BASE_TS + 1)
-        # Trainyard accepts a NaN (the training script goes on) but does not store it: the run
-        # notes it in the tag `trainyard.nan_metric` instead.
-        nan = history(self.parent_id, "odd/nan")
-        assert nan == [], f"odd/nan history {nan}"
-        note = client.get_run(self.parent_id).data.tags.get("trainyard.nan_metric", "")
-        assert note.startswith("odd/nan at step 0"), f"trainyard.nan_metric is {note!r}"
+        # A NaN is stored and comes back as NaN (the server writes it as the string "NaN").
+        nan = sorted((m.step, m.timestamp, m.value) for m in history(self.parent_id, "odd/nan"))
+        assert [(s, t) for s, t, _ in nan] == [(0, BASE_TS), (1, BASE_TS + 1), (2, BASE_TS + 2)], (
+            f"odd/nan history {nan}"
+        )
+        assert math.isnan(nan[0][2]) and nan[1][2] == 1.0 and math.isnan(nan[2][2]), (
+            f"odd/nan values {[v for _, _, v in nan]}"
+        )
+        # Trainyard's search finds runs with a NaN point (`IS NAN`; MLflow has no such test).
+        found = ids(search_all([self.exp_id], "metrics.`odd/nan` IS NAN"))
+        assert self.parent_id in found, f"IS NAN found {found}"
+        assert self.parent_id not in ids(search_all([self.exp_id], "metrics.`odd/inf` IS NAN"))
+        # The run's latest value of the key is its latest finite one.
+        latest = client.get_run(self.parent_id).data.metrics.get("odd/nan")
+        assert latest == 1.0, f"latest odd/nan is {latest!r}"
         inf = sorted((m.step, m.value) for m in history(self.parent_id, "odd/inf"))
         # MLflow's own SQL store clamps +/-Infinity to +/-1.7976931348623157e308 (the largest
         # double), and so does Trainyard.
@@ -700,7 +711,7 @@ def main():
         ("params are write-once (same value ok, new value INVALID_PARAMETER_VALUE)", s.params_are_write_once),
         ("log_metrics over 200 steps of 2 keys", s.log_metrics_over_many_steps),
         ("log_metric with explicit timestamps and steps round-trips", s.log_metric_with_explicit_timestamps),
-        ("a NaN is noted on the run, +/-Infinity is clamped as MLflow does", s.non_finite_metric_values),
+        ("a NaN is stored, read back and found by IS NAN; +/-Infinity is clamped as MLflow does", s.non_finite_metric_values),
         ("get_metric_history pages with next_page_token", s.get_metric_history_paging),
         ("set_tags, set_tag, delete_tag", s.set_tags),
         ("log_artifact, log_dict, log_text, log_figure; list and download round-trip", s.artifacts),

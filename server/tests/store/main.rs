@@ -18,6 +18,7 @@ mod experiments;
 mod full_disk;
 mod metrics;
 mod migration;
+mod nan;
 mod outage;
 mod registry;
 mod runs;
@@ -50,6 +51,10 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    nan::a_nan_point_is_stored_and_read_back_but_is_no_extreme_or_latest_value,
+    nan::a_series_of_only_nan_points_has_no_latest_value_or_extremes,
+    nan::a_downsampled_read_keeps_finite_extremes_and_every_nan_point,
+    nan::runs_with_a_nan_point_are_found_by_is_nan,
     access::a_users_level_is_the_highest_of_owner_own_grant_team_grants_and_default,
     experiments::the_default_experiment_exists_with_id_zero,
     experiments::creating_an_experiment_with_a_taken_name_is_a_conflict,

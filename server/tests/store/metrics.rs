@@ -174,8 +174,8 @@ pub async fn points_since_returns_later_points_in_seq_order(store: DynStore) {
 pub async fn bad_points_are_rejected_as_invalid_and_nothing_is_stored(store: DynStore) {
     let id = new_run(&store, "bad").await;
     let cases = [
-        ("non-finite value", pt("loss", 1, f64::NAN)),
         ("infinite value", pt("loss", 1, f64::INFINITY)),
+        ("negative infinity", pt("loss", 1, f64::NEG_INFINITY)),
         ("negative step", pt("loss", -1, 1.0)),
         ("empty key", pt("", 1, 1.0)),
     ];

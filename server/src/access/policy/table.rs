@@ -166,6 +166,16 @@ pub(super) const RULES: &[(Method, &str, Rule)] = &[
     (Method::GET, "/api/v1/models", Rule::SignedIn),
     (Method::GET, "/api/v1/models/{id}", Rule::Model(Level::Read)),
     (
+        Method::GET,
+        "/api/v1/models/{id}/versions/{version}/archive",
+        Rule::Model(Level::Read),
+    ),
+    (
+        Method::GET,
+        "/api/v1/models/{id}/versions/{version}/export/hf",
+        Rule::Model(Level::Read),
+    ),
+    (
         Method::PUT,
         "/api/v1/models/{id}/aliases/{alias}",
         Rule::Model(Level::Edit),

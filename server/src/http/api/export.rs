@@ -30,7 +30,7 @@ use crate::store::RunStatus;
 
 /// Where exports are written while they download, inside the run directory (a hidden name:
 /// never listed as a checkpoint, never in an archive).
-const EXPORTS_DIR: &str = ".exports";
+pub(super) const EXPORTS_DIR: &str = ".exports";
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/runs/{id}/export/hf", get(export_hf))
@@ -55,7 +55,7 @@ fn refusal(id: &str, status: RunStatus, has_checkpoint: bool) -> Option<String> 
 
 /// Who the bound on open exports counts against: a user (all their sessions and tokens
 /// together), the admin token, the local user, a run's token, or an anonymous client address.
-fn principal_key(principal: &Principal, client: &Client) -> String {
+pub(super) fn principal_key(principal: &Principal, client: &Client) -> String {
     match principal {
         Principal::Local => "local".to_string(),
         Principal::AdminToken => "admin-token".to_string(),
@@ -69,7 +69,7 @@ fn principal_key(principal: &Principal, client: &Client) -> String {
 /// weights as f32 (four bytes per parameter the run reported, and at least twice the
 /// checkpoint's weights file, which may hold 16-bit floats) and its tokenizer twice (the
 /// tokenizer files), plus 64 KiB for `config.json`.
-fn expected_size(run_dir: &FsPath, params: Option<f64>) -> anyhow::Result<u64> {
+pub(super) fn expected_size(run_dir: &FsPath, params: Option<f64>) -> anyhow::Result<u64> {
     use trainer::checkpoint::{MODEL_FILE, TOKENIZER_FILE};
     let source = trainer::checkpoint::resolve_for_reading(run_dir)?;
     let len = |name: &str| std::fs::metadata(source.join(name)).map_or(0, |m| m.len());
@@ -105,8 +105,9 @@ pub fn unavailable(id: &str, status: RunStatus, run_dir: &FsPath) -> Option<Stri
     model_refusal(&source).unwrap_or_default()
 }
 
-/// Exports the run's best (else latest) checkpoint into `out` (blocking).
-fn export(run_dir: &FsPath, out: &FsPath) -> anyhow::Result<Made> {
+/// Exports the run's best (else latest) checkpoint into `out` (blocking); `run_dir` may also be
+/// one checkpoint's directory, which is then the one exported.
+pub(super) fn export(run_dir: &FsPath, out: &FsPath) -> anyhow::Result<Made> {
     let source = trainer::checkpoint::resolve_for_reading(run_dir)?;
     // Checked again: the checkpoint may have changed since the request was admitted.
     if let Some(why) = model_refusal(&source)? {

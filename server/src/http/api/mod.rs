@@ -13,6 +13,7 @@ pub mod health;
 pub mod launch;
 pub mod logs;
 pub mod metrics;
+pub mod model_files;
 pub mod models;
 pub mod openapi;
 pub mod runs;
@@ -42,6 +43,7 @@ pub fn api_router() -> Router<AppState> {
         .merge(charts::router())
         .merge(sweeps::router())
         .merge(models::router())
+        .merge(model_files::router())
         .fallback(crate::http::not_found)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
 }

@@ -72,6 +72,8 @@ use crate::app::AppState;
         super::models::set_alias,
         super::models::delete_alias,
         super::models::register_checkpoint,
+        super::model_files::download_version,
+        super::model_files::export_version,
         openapi_json,
     ),
     components(schemas(ServerSentEventDoc)),
@@ -241,7 +243,9 @@ pub struct MetricPointDoc {
     key: String,
     /// >= 0; writes are idempotent on (run, key, step): the first value wins.
     step: i64,
-    /// Must be finite.
+    /// A finite number, or `null` for NaN (a diverged loss; it is stored and read back as
+    /// `null`, drawn as a gap, and found by `metrics.<key> IS NAN`). Infinities are refused.
+    #[schema(nullable)]
     value: f64,
     /// Unix milliseconds; the server's clock when absent.
     time: Option<i64>,

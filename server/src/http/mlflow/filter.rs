@@ -4,6 +4,7 @@
 //! ```text
 //! filter  := clause (AND clause)*
 //! clause  := ident op value | ident [NOT] IN '(' value (',' value)* ')' | ident IS [NOT] NULL
+//!          | metric IS [NOT] NAN
 //! ident   := [prefix '.'] (name | `quoted` | "quoted")
 //! prefix  := metrics | params | tags | attributes (and their singular forms, attr, run)
 //! op      := = | != | <> | < | <= | > | >= | LIKE | ILIKE | NOT LIKE | NOT ILIKE
@@ -75,6 +76,7 @@ fn predicate(test: Test) -> Predicate {
         },
         Test::In { values, negated } => Predicate::In { values, negated },
         Test::Null { negated } => Predicate::IsNull { negated },
+        Test::Nan { negated } => Predicate::IsNan { negated },
     }
 }
 
@@ -148,6 +150,9 @@ fn run_attribute(name: &str, test: Test) -> Result<Expr, MlflowError> {
 pub fn run_filter(input: &str) -> Result<Option<Filter>, MlflowError> {
     let mut exprs = Vec::new();
     for clause in parse(input)? {
+        if matches!(clause.test, Test::Nan { .. }) && !matches!(clause.ident, Ident::Metric(_)) {
+            return Err(invalid("IS NAN tests a metric (metrics.<key> IS NAN)"));
+        }
         exprs.push(match clause.ident {
             Ident::Metric(k) => {
                 if matches!(&clause.test, Test::Cmp(_, Literal::Text(_))) {

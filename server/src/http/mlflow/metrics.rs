@@ -15,7 +15,7 @@ use super::wire::{self, KeyValue, Metric};
 use super::{Caller, Fields, MlflowError, MlflowResult};
 use crate::app::AppState;
 use crate::ingest::ingest_points;
-use crate::store::{MetricPoint, RunUpdate, StoreError};
+use crate::store::{MetricPoint, StoreError};
 
 /// `log-batch` limits, as MLflow documents and answers them.
 pub const MAX_BATCH_METRICS: usize = 1_000;
@@ -28,11 +28,6 @@ const HISTORY_PAGE: usize = 25_000;
 const BULK_MAX_RUNS: usize = 100;
 const BULK_DEFAULT_POINTS: usize = 320;
 const BULK_MAX_POINTS: usize = 1_000;
-
-/// Tag where a run notes the last NaN metric value it was sent. NaN is not stored (a series
-/// holds numbers the charts can draw, and SQLite cannot hold NaN); an infinity is stored as the
-/// largest finite number of its sign, as MLflow's own SQL store does.
-pub const NAN_TAG: &str = "trainyard.nan_metric";
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -57,24 +52,20 @@ fn check_metrics(metrics: &[Metric]) -> MlflowResult<()> {
     Ok(())
 }
 
-/// Stores checked metrics (NaN ones are noted on the run, not stored; infinities are clamped).
+/// Stores checked metrics. A NaN is stored as NaN (read back as `"NaN"`); an infinity is stored
+/// as the largest finite number of its sign, as MLflow's own SQL store does.
 async fn store_metrics(state: &AppState, run_id: &str, metrics: &[Metric]) -> MlflowResult<()> {
     let now = crate::store::now_ms();
-    let mut points = Vec::with_capacity(metrics.len());
-    let mut skipped = None;
-    for m in metrics {
-        let step = m.step.unwrap_or(0);
-        if m.value.is_nan() {
-            skipped = Some(format!("{} at step {step} was NaN (not stored)", m.key));
-            continue;
-        }
-        points.push(MetricPoint {
+    let points: Vec<MetricPoint> = metrics
+        .iter()
+        .map(|m| MetricPoint {
             key: m.key.clone(),
-            step,
+            step: m.step.unwrap_or(0),
+            // `clamp` keeps NaN as it is.
             value: m.value.clamp(f64::MIN, f64::MAX),
             time: Some(m.timestamp.unwrap_or(now)),
-        });
-    }
+        })
+        .collect();
     ingest_points(state.store.as_ref(), &state.live, run_id, &points)
         .await
         .map_err(|e| match e {
@@ -84,14 +75,6 @@ async fn store_metrics(state: &AppState, run_id: &str, metrics: &[Metric]) -> Ml
             }
             other => other.into(),
         })?;
-    if let Some(note) = skipped {
-        let tags = [(NAN_TAG.to_string(), note)].into();
-        let update = RunUpdate {
-            tags: Some(tags),
-            ..RunUpdate::default()
-        };
-        state.store.update_run(run_id, update).await?;
-    }
     crate::liveness::seen(state, run_id).await?;
     Ok(())
 }
@@ -199,6 +182,7 @@ struct HistoryPage<'a> {
 #[derive(Serialize)]
 struct HistoryPoint<'a> {
     key: &'a str,
+    #[serde(serialize_with = "wire::write_double")]
     value: f64,
     timestamp: i64,
     step: i64,
@@ -306,7 +290,7 @@ async fn get_history_bulk(
             )
             .await?;
         metrics.extend(series.points.iter().take(per_run).map(|p| {
-            json!({"key": q.metric_key, "value": p.value, "timestamp": p.time,
+            json!({"key": q.metric_key, "value": wire::double_json(p.value), "timestamp": p.time,
                    "step": p.step, "run_id": run.id})
         }));
     }

@@ -156,7 +156,9 @@ pub fn run(run: &Run, inputs: &[RunInput]) -> Value {
     let metrics: Vec<Value> = run
         .latest_metrics
         .iter()
-        .map(|(k, m)| json!({"key": k, "value": m.value, "timestamp": m.time, "step": m.step}))
+        .map(|(k, m)| {
+            json!({"key": k, "value": double_json(m.value), "timestamp": m.time, "step": m.step})
+        })
         .collect();
     let mut tags = run.tags.clone();
     tags.insert(RUN_NAME_TAG.to_string(), run.name.clone());
@@ -274,6 +276,27 @@ pub fn double<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         Num::Null => Err(de::Error::custom("null is not a number")),
         Num::Int(i) => Ok(i as f64),
         Num::Float(f) => Ok(f),
+    }
+}
+
+/// A double as MLflow's server writes it (protobuf's JSON form): a number, or the string
+/// `"NaN"`, `"Infinity"` or `"-Infinity"` (JSON has no such numbers).
+pub fn double_json(v: f64) -> Value {
+    if v.is_nan() {
+        Value::from("NaN")
+    } else if v.is_infinite() {
+        Value::from(if v > 0.0 { "Infinity" } else { "-Infinity" })
+    } else {
+        Value::from(v)
+    }
+}
+
+/// `double_json` for a serialized field.
+pub fn write_double<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if v.is_finite() {
+        s.serialize_f64(*v)
+    } else {
+        serde::Serialize::serialize(&double_json(*v), s)
     }
 }
 

@@ -63,9 +63,40 @@ pub struct ProfileParams {
     from: Option<String>,
     checkpoint: Option<String>,
     method: Option<String>,
-    /// The overrides box's text to start with (a model page's "Fine-tune" sets
-    /// `training.init_from=model:NAME@ALIAS`).
+    /// The overrides box's text to start with.
     overrides: Option<String>,
+    /// A model page's "Fine-tune": `NAME@ALIAS` or `NAME/VERSION`, a LoRA fine-tune of the
+    /// checkpoint the version points at, with `training.init_from: model:<this>`.
+    model: Option<String>,
+}
+
+/// The run and checkpoint a model reference (`NAME@ALIAS`, `NAME/VERSION`) picks now, once the
+/// caller may read the model; a model or version that is not there, or one that is no
+/// checkpoint, is not found in words that say which.
+async fn model_checkpoint(
+    state: &AppState,
+    principal: &Principal,
+    written: &str,
+) -> Result<(String, String), PageError> {
+    let reference = match crate::registry::ModelRef::parse("model", &format!("model:{written}")) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return Err(PageError::BadRequest(format!("model: {}", e.message))),
+        None => return Err(PageError::BadRequest("model: not a model reference".into())),
+    };
+    crate::access::require_model(state, principal, &reference.name, Level::Read)
+        .await
+        .map_err(crate::http::ApiError::from)?;
+    let version = reference.resolve(&state.store).await?;
+    match (
+        crate::registry::parse_source("source", &version.source),
+        version.run_id,
+    ) {
+        (Ok(crate::registry::Source::Checkpoint { name }), Some(run)) => Ok((run, name)),
+        _ => Err(PageError::NotFound(format!(
+            "version {} of model `{}` is {}, not a checkpoint to fine-tune",
+            version.version, reference.name, version.source
+        ))),
+    }
 }
 
 /// The checkpoint a fine-tune starts from, once the caller may read its run: its directory
@@ -99,12 +130,12 @@ async fn base_checkpoint(
 fn finetune_yaml(
     run_name: &str,
     checkpoint: &str,
-    dir: &std::path::Path,
+    init_from: String,
     method: &str,
     base: &trainer::config::Config,
 ) -> Result<String, PageError> {
     let mut training = base.training.clone();
-    training.init_from = Some(dir.display().to_string());
+    training.init_from = Some(init_from);
     training.curriculum.clear();
     let intro = match method {
         "dpo" => {
@@ -225,8 +256,17 @@ pub async fn form(
     Extension(principal): Extension<Principal>,
     Query(p): Query<ProfileParams>,
 ) -> PageResult {
+    // A model page's fine-tune is the checkpoint's, started from the model reference.
+    let mut p = p;
+    let mut reference = None;
+    if let Some(written) = p.model.clone().filter(|m| !m.trim().is_empty()) {
+        let (run, checkpoint) = model_checkpoint(&state, &principal, written.trim()).await?;
+        (p.from, p.checkpoint) = (Some(run), Some(checkpoint));
+        reference = Some(format!("model:{}", written.trim()));
+    }
     if let (Some(from), Some(checkpoint)) = (&p.from, &p.checkpoint) {
         let (dir, base) = base_checkpoint(&state, &principal, from, checkpoint).await?;
+        let init_from = reference.unwrap_or_else(|| dir.display().to_string());
         let run = state.store.get_run(from).await?;
         let method = match p.method.as_deref() {
             Some("dpo") => "dpo",
@@ -242,7 +282,7 @@ pub async fn form(
                 experiment: last,
                 name: format!("{}-{method}", run.name),
                 gpus: 0,
-                yaml: finetune_yaml(&run.name, checkpoint, &dir, method, &base)?,
+                yaml: finetune_yaml(&run.name, checkpoint, init_from, method, &base)?,
                 overrides: String::new(),
                 from: from.clone(),
                 checkpoint: checkpoint.clone(),

@@ -47,6 +47,9 @@ pub struct VersionView {
     pub description: String,
     /// The launch form with `training.init_from` set to this version (a checkpoint only).
     pub launch_href: String,
+    /// The checkpoint as a tar archive, and as a Hugging Face directory (a checkpoint only).
+    pub archive_href: String,
+    pub hf_href: String,
 }
 
 pub struct AliasView {
@@ -70,12 +73,10 @@ pub struct ModelPage {
     pub alias_action: String,
 }
 
-/// The launch form preset to start from `reference` (`model:NAME@ALIAS`).
+/// The launch form of a LoRA fine-tune that starts from `reference` (`NAME@ALIAS` or
+/// `NAME/VERSION`): the checkpoint's training keys, `training.init_from: model:<reference>`.
 fn launch_href(reference: &str) -> String {
-    format!(
-        "/launch?overrides={}",
-        enc(&format!("training.init_from={reference}"))
-    )
+    format!("/launch?model={}", enc(reference))
 }
 
 async fn experiment_name(state: &AppState, id: &str) -> String {
@@ -144,9 +145,20 @@ pub async fn model_page(
         .into_iter()
         .map(|v| {
             let checkpoint = v.source.starts_with("checkpoint:");
+            let files = format!("/api/v1/models/{}/versions/{}", enc(&v.model), v.version);
             VersionView {
+                archive_href: if checkpoint {
+                    format!("{files}/archive")
+                } else {
+                    String::new()
+                },
+                hf_href: if checkpoint {
+                    format!("{files}/export/hf")
+                } else {
+                    String::new()
+                },
                 launch_href: if checkpoint {
-                    launch_href(&format!("model:{}/{}", v.model, v.version))
+                    launch_href(&format!("{}/{}", v.model, v.version))
                 } else {
                     String::new()
                 },
@@ -169,7 +181,7 @@ pub async fn model_page(
         .aliases
         .iter()
         .map(|(alias, version)| AliasView {
-            launch_href: launch_href(&format!("model:{}@{alias}", model.name)),
+            launch_href: launch_href(&format!("{}@{alias}", model.name)),
             alias: alias.clone(),
             version: *version,
         })

@@ -12,6 +12,7 @@ pub(super) enum Keyword {
     In,
     Is,
     Null,
+    Nan,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +51,7 @@ fn keyword(word: &str) -> Option<Keyword> {
         "in" => Keyword::In,
         "is" => Keyword::Is,
         "null" => Keyword::Null,
+        "nan" => Keyword::Nan,
         _ => return None,
     })
 }

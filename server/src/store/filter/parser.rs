@@ -6,7 +6,8 @@
 //! and        := unary (AND unary)*
 //! unary      := NOT unary | '(' or ')' | condition
 //! condition  := field ( op literal | [NOT] (LIKE|ILIKE) string
-//!                     | [NOT] IN '(' literal (',' literal)* ')' | IS [NOT] NULL )
+//!                     | [NOT] IN '(' literal (',' literal)* ')' | IS [NOT] NULL
+//!                     | IS [NOT] NAN )           (NAN: metrics only)
 //! ```
 
 use super::lexer::{Keyword, Tok, Token};
@@ -162,14 +163,23 @@ impl<'t> Parser<'t> {
             }
             Tok::Keyword(Keyword::Is) => {
                 let negated = self.eat_keyword(Keyword::Not);
-                if !self.eat_keyword(Keyword::Null) {
+                if self.eat_keyword(Keyword::Nan) {
+                    if !matches!(field, Field::Metric(_)) {
+                        return Err(FilterError::new(
+                            op_tok.pos,
+                            format!("IS NAN tests a metric, not {}", name_tok.text),
+                        ));
+                    }
+                    Predicate::IsNan { negated }
+                } else if self.eat_keyword(Keyword::Null) {
+                    Predicate::IsNull { negated }
+                } else {
                     let t = self.peek();
                     return Err(FilterError::new(
                         t.pos,
-                        format!("expected NULL after IS, found {}", describe(t)),
+                        format!("expected NULL or NAN after IS, found {}", describe(t)),
                     ));
                 }
-                Predicate::IsNull { negated }
             }
             Tok::Keyword(Keyword::Not) => {
                 let next = self.bump();

@@ -70,6 +70,17 @@ fn condition(c: &Condition, s: &mut Out) {
     s.sql(alias);
     s.sql(".key = ");
     s.bind_text(key.clone());
+    if let Predicate::IsNan { negated } = &c.predicate {
+        // The partial index on the NaN points answers this without reading the others.
+        s.sql(if *negated { " AND NOT " } else { " AND " });
+        s.sql("EXISTS (SELECT 1 FROM metric_points np ");
+        s.sql("WHERE np.series_id = m.id AND np.value IS NULL))");
+        return;
+    }
+    // A series of NaN points only has no latest value to compare (its step stays -1).
+    if matches!(c.field, Field::Metric(_)) && !matches!(c.predicate, Predicate::IsNull { .. }) {
+        s.sql(" AND m.last_step >= 0");
+    }
     if !matches!(c.predicate, Predicate::IsNull { .. }) {
         s.sql(" AND ");
         let column = match (&c.field, numeric_literal(&c.predicate)) {
@@ -170,6 +181,8 @@ fn predicate(column: &str, p: &Predicate, integer: bool, s: &mut Out) {
             s.sql(column);
             s.sql(if *negated { " IS NOT NULL" } else { " IS NULL" });
         }
+        // Rendered by `condition` (metrics only; the parsers refuse it elsewhere).
+        Predicate::IsNan { .. } => s.sql("1 = 0"),
     }
 }
 

@@ -8,7 +8,8 @@
 //! Together that took Postgres ingest from about 250,000 to 380,000 points/s
 //! (docs/benchmarks-journal.md, store-perf steps 3, 4 and 6; per-run seqs added about a fifth on a
 //! later machine, "Points indexed by (series, step) only"). SQLite has neither arrays nor
-//! concurrent writers; its fast path is in `sqlite.rs`.
+//! concurrent writers; its fast path is in `sqlite.rs`. A NaN value is stored as NULL
+//! (`NULLIF(value, 'NaN')`: Postgres counts NaN equal to NaN).
 
 use std::collections::HashMap;
 
@@ -215,7 +216,7 @@ async fn append_new(
              metric_series WHERE run_id = $5 AND id = ANY($6::int8[])) = cardinality($6::int8[]) \
              RETURNING point_seq - cardinality($1::int8[]) AS base), \
              ins AS (INSERT INTO metric_points (series_id, step, value, time, seq) \
-             SELECT u.sid, u.step, u.value, u.time, run.base + u.ord FROM run, \
+             SELECT u.sid, u.step, NULLIF(u.value, 'NaN'), u.time, run.base + u.ord FROM run, \
              UNNEST($1::int8[], $2::int8[], $3::float8[], $4::int8[]) WITH ORDINALITY \
              AS u(sid, step, value, time, ord)), \
              wr AS (INSERT INTO metric_writes (run_id, first_seq, last_seq, first_step, \
@@ -277,7 +278,7 @@ async fn upsert_batch(
     let columns = Columns::of(batch, &series);
     let (seqs, sids, steps): Inserted = sqlx::query_as(
         "WITH ins AS (INSERT INTO metric_points (series_id, step, value, time, seq) \
-         SELECT u.sid, u.step, u.value, u.time, $5 + u.ord FROM UNNEST($1::int8[], \
+         SELECT u.sid, u.step, NULLIF(u.value, 'NaN'), u.time, $5 + u.ord FROM UNNEST($1::int8[], \
          $2::int8[], $3::float8[], $4::int8[]) WITH ORDINALITY AS u(sid, step, value, time, ord) \
          ON CONFLICT (series_id, step) DO NOTHING RETURNING seq, series_id, step) \
          SELECT array_agg(seq), array_agg(series_id), array_agg(step) FROM ins",

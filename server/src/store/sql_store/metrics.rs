@@ -15,6 +15,11 @@ use crate::store::{
 /// Steps per `IN` list when looking up stored points.
 const CHUNK: usize = 500;
 
+/// A point's value: NaN is stored as NULL (`migrations/*/20270310000000_nan_points.sql`).
+pub fn point_value(r: &Row, i: usize) -> Result<f64, sqlx::Error> {
+    Ok(r.get::<Option<f64>>(i)?.unwrap_or(f64::NAN))
+}
+
 /// The series ids of a run's `keys`, creating the missing series (in a write transaction).
 pub async fn series_for(tx: &mut Conn, run_id: &str, keys: &[String]) -> StoreResult<SeriesMap> {
     let mut select =
@@ -64,7 +69,7 @@ pub async fn stored_values(
             };
             let [step, value] = first.positions(["step", "value"])?;
             for row in &rows {
-                values.insert((sid, row.get(step)?), row.get(value)?);
+                values.insert((sid, row.get(step)?), point_value(row, value)?);
             }
         }
     }
@@ -213,7 +218,7 @@ fn series_points(rows: &[Row]) -> StoreResult<Vec<SeriesPoint>> {
         .map(|r| {
             Ok(SeriesPoint {
                 step: r.get(step)?,
-                value: r.get(value)?,
+                value: point_value(r, value)?,
                 time: r.get(time)?,
             })
         })
@@ -279,6 +284,30 @@ impl SeriesSource for SqlSeries<'_> {
         }
         Ok(ends[0].zip(ends[1]))
     }
+
+    async fn nan_points(&self, from: i64, to: i64, limit: usize) -> StoreResult<Vec<SeriesPoint>> {
+        // The partial index on (series_id, step) WHERE value IS NULL holds only these.
+        let select = Sql::new(
+            "SELECT step, time FROM metric_points WHERE series_id = $1 AND step >= $2 \
+             AND step <= $3 AND value IS NULL ORDER BY step LIMIT $4",
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .store
+            .reader()
+            .await?
+            .fetch_all(select.bind(self.series_id).bind(from).bind(to).bind(limit))
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SeriesPoint {
+                    step: r.col("step")?,
+                    value: f64::NAN,
+                    time: r.col("time")?,
+                })
+            })
+            .collect()
+    }
 }
 
 impl SqlStore {
@@ -292,8 +321,8 @@ impl SqlStore {
         }
         let mut select = Sql::new(
             "SELECT s.run_id, s.key, MIN(p.value) AS min, MAX(p.value) AS max \
-             FROM metric_series s \
-             JOIN metric_points p ON p.series_id = s.id WHERE s.run_id IN ",
+             FROM metric_series s JOIN metric_points p ON p.series_id = s.id \
+             WHERE p.value IS NOT NULL AND s.run_id IN ",
         );
         select.tuple(run_ids);
         select.push(" AND s.key IN ");
@@ -325,7 +354,12 @@ impl SqlStore {
                 key: r.col("key")?,
                 count: r.col("count")?,
                 last_step: r.col("last_step")?,
-                last_value: r.col("last_value")?,
+                // A series of NaN points only has no finite latest value.
+                last_value: if r.col::<i64>("last_step")? < 0 {
+                    f64::NAN
+                } else {
+                    r.col("last_value")?
+                },
             })
         };
         Ok(rows.iter().map(key).collect::<Result<_, _>>()?)
@@ -404,7 +438,7 @@ impl SqlStore {
                     out.push(StoredPoint {
                         key: keys.get(&sid).cloned().unwrap_or_default(),
                         step: r.get(step)?,
-                        value: r.get(value)?,
+                        value: point_value(r, value)?,
                         time: r.get(time)?,
                         seq: r.get(seq)?,
                     });

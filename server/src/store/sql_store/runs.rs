@@ -102,8 +102,9 @@ fn detail_statements(ids: &[String]) -> [Sql; 3] {
         select("SELECT run_id, key, value FROM run_tags WHERE run_id IN "),
         select("SELECT run_id, key, value FROM run_params WHERE run_id IN "),
         select(
+            // A series of NaN points only (last_step -1) has no latest value.
             "SELECT run_id, key, last_step, last_value, last_time FROM metric_series \
-             WHERE count > 0 AND run_id IN ",
+             WHERE last_step >= 0 AND run_id IN ",
         ),
     ]
 }

@@ -295,6 +295,7 @@ pub(super) fn concrete(pattern: &str, w: &World) -> String {
         )
         .replace("{user}", "zed")
         .replace("{alias}", "champion")
+        .replace("{version}", "1")
         .replace("{*file}", "train/loss.svg")
         .replace("{file}", "compare.svg");
     // Routes that name runs in the query string.

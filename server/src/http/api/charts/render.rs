@@ -87,6 +87,15 @@ fn drawable(p: &(f64, f64), log_y: bool) -> bool {
     p.0.is_finite() && p.1.is_finite() && (!log_y || p.1 > 0.0)
 }
 
+/// A line's drawable points as runs between NaN points (each NaN is a gap).
+fn segments(points: &[(f64, f64)], log_y: bool) -> Vec<Vec<(f64, f64)>> {
+    points
+        .split(|p| p.1.is_nan())
+        .map(|run| run.iter().copied().filter(|p| drawable(p, log_y)).collect())
+        .filter(|run: &Vec<(f64, f64)>| !run.is_empty())
+        .collect()
+}
+
 /// The x and y axes for the lines' drawable points; `width` sets how many x ticks fit.
 pub fn axes(chart: &Chart, width: u32) -> (Axis, Axis) {
     let mut x = (f64::INFINITY, f64::NEG_INFINITY);
@@ -118,6 +127,8 @@ where
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| ChartError::Render(e.to_string());
     area.fill(&WHITE).map_err(err)?;
     let (x_axis, y_axis) = axes(chart, size.0);
+    // The bottom of the value axis, where NaN marks sit.
+    let y_lo = y_axis.lo;
     let ink = RGBColor(0x1c, 0x24, 0x30);
     let grid = RGBColor(0xe7, 0xea, 0xef);
     let axis = RGBColor(0x5f, 0x6b, 0x7a);
@@ -139,25 +150,37 @@ where
         .x_desc(chart.x_unit.caption())
         .draw()
         .map_err(err)?;
+    let nan_mark = RGBColor(0xc0, 0x1c, 0x28);
     for (i, line) in chart.lines.iter().enumerate() {
         let color = series_color(i);
-        let pts: Vec<(f64, f64)> = line
+        let legend = move |(x, y): (i32, i32)| {
+            PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
+        };
+        let mut labelled = false;
+        for pts in segments(&line.points, chart.log_y) {
+            let series = if pts.len() == 1 {
+                // A lone point has no segment to stroke: a dot shows it.
+                plot.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+                    .map_err(err)?
+            } else {
+                plot.draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                    .map_err(err)?
+            };
+            if !labelled {
+                series.label(line.label.clone()).legend(legend);
+                labelled = true;
+            }
+        }
+        // A NaN point is a gap in the line, marked by a triangle on the x axis.
+        let nans = line
             .points
             .iter()
-            .copied()
-            .filter(|p| drawable(p, chart.log_y))
-            .collect();
-        let series = if pts.len() == 1 {
-            // A lone point has no segment to stroke: a dot shows it.
-            plot.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
-                .map_err(err)?
-        } else {
-            plot.draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(err)?
-        };
-        series.label(line.label.clone()).legend(move |(x, y)| {
-            PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
-        });
+            .filter(|p| p.0.is_finite() && p.1.is_nan())
+            .map(|p| TriangleMarker::new((p.0, y_lo), 5, nan_mark.filled()));
+        let marks = plot.draw_series(nans).map_err(err)?;
+        if !labelled {
+            marks.label(line.label.clone()).legend(legend);
+        }
     }
     if chart.lines.len() > 1 || chart.lines.iter().any(|l| !l.label.is_empty()) {
         plot.configure_series_labels()
@@ -262,6 +285,37 @@ mod tests {
         c.title = "損失 · 🚀 · ∑ · \u{202e}rtl · \u{fffd}".into();
         let png = render(&c, (320, 200), Format::Png);
         assert!(png.is_ok_and(|p| p.starts_with(b"\x89PNG")));
+    }
+
+    #[test]
+    fn a_nan_point_is_a_marked_gap_in_the_line() {
+        let points = (0..10)
+            .map(|s| (s as f64, if s == 5 { f64::NAN } else { s as f64 }))
+            .collect();
+        let c = chart(points, false);
+        let (_, y) = axes(&c, 640);
+        assert_eq!(
+            (y.lo <= 0.0, y.hi >= 9.0),
+            (true, true),
+            "NaN leaves the range alone"
+        );
+        let text = svg(&c);
+        let whole = svg(&chart(
+            (0..10).map(|s| (s as f64, s as f64)).collect(),
+            false,
+        ));
+        // Grid lines are polylines too: the gap adds exactly one line.
+        let lines = |svg: &str| svg.matches("<polyline").count();
+        assert_eq!(
+            lines(&text),
+            lines(&whole) + 1,
+            "one line each side of the gap"
+        );
+        assert!(
+            text.to_ascii_lowercase().contains("#c01c28"),
+            "the NaN is marked"
+        );
+        assert!(!whole.to_ascii_lowercase().contains("#c01c28"));
     }
 
     #[test]

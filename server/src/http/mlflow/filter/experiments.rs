@@ -75,6 +75,8 @@ pub(super) fn test_value(test: &Test, value: Option<&Literal>) -> bool {
             like(&like_parts(pattern), text, *ci) != *negated
         }
         Test::In { values, negated } => values.contains(value) != *negated,
+        // Only metrics can be NaN; run filters take it (`run_filter`).
+        Test::Nan { .. } => false,
     }
 }
 

@@ -152,6 +152,10 @@ pub(super) enum Test {
     Null {
         negated: bool,
     },
+    /// `metrics.<key> IS [NOT] NAN` (Trainyard's; MLflow has no NaN test).
+    Nan {
+        negated: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -312,10 +316,15 @@ impl Parser {
             Test::In { values, negated }
         } else if !negated && self.keyword("is") {
             let negated = self.keyword("not");
-            if !self.keyword("null") {
-                return Err(invalid("IS must be followed by NULL or NOT NULL"));
+            if self.keyword("nan") {
+                Test::Nan { negated }
+            } else if self.keyword("null") {
+                Test::Null { negated }
+            } else {
+                return Err(invalid(
+                    "IS must be followed by NULL, NOT NULL, NAN or NOT NAN",
+                ));
             }
-            Test::Null { negated }
         } else if negated {
             return Err(invalid("NOT must be followed by LIKE, ILIKE or IN"));
         } else {
