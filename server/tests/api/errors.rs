@@ -155,7 +155,8 @@ async fn wrong_types_and_invalid_values_are_unprocessable_naming_the_field() {
         (
             Method::POST,
             &metrics,
-            point(json!("a"), json!(0), json!(null)),
+            // null is a NaN point (as is "NaN"); any other text is no number.
+            point(json!("a"), json!(0), json!("high")),
             "points[1].value",
         ),
         (Method::POST, &metrics, json!({ "points": 3 }), "points"),
