@@ -428,7 +428,7 @@ async fn a_nan_loss_is_drawn_as_a_marked_gap_live_and_after_a_reload() {
         .await;
     let (lo, hi) = (range[0].as_f64(), range[1].as_f64());
     assert!(
-        lo.is_some_and(|v| v <= 1.05) && hi.is_some_and(|v| v >= 2.0 && v < 10.0),
+        lo.is_some_and(|v| v <= 1.05) && hi.is_some_and(|v| (2.0..10.0).contains(&v)),
         "y range {range}"
     );
     // A reload reads the stored NaN back and draws the same gap.

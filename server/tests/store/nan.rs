@@ -203,7 +203,7 @@ pub async fn runs_with_a_nan_point_are_found_by_is_nan(store: DynStore) {
         query(Some("metrics.loss IS NOT NAN"), created.clone()),
     )
     .await;
-    assert_eq!(not_nan, [fine.clone()]);
+    assert_eq!(not_nan, std::slice::from_ref(&fine));
     // A comparison reads the latest finite value; a series of NaN only has none.
     let mut below = ids(&store, query(Some("metrics.loss < 10"), created.clone())).await;
     below.sort();
